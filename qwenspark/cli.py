@@ -1,0 +1,132 @@
+"""`qwenspark batch|eval|init-db|load-reviews|fetch-model`: the command line, main(argv=None) -> int."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from qwenspark.config import QwenSparkConfig, load_config
+from qwenspark.errors import QwenSparkError
+
+log = logging.getLogger("qwenspark")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default="conf/local.yaml", help="YAML config (default: conf/local.yaml)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set engine.batch_size=16 (repeatable; never a password)",
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qwenspark", description=__doc__)
+    parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _config_args(sub.add_parser("batch", help="analyse new or changed reviews and upsert the results"))
+    ev = sub.add_parser("eval", help="run the pipeline on a labelled CSV and print quality and speed")
+    _config_args(ev)
+    ev.add_argument("--input", required=True, type=Path, help="CSV with source_id, lang, text, rating, label")
+    ev.add_argument("--limit", type=int, help="rows to use, split evenly across languages (seeded sample)")
+    ev.add_argument("--seed", type=int, default=0, help="sampling seed for --limit")
+    ev.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    _config_args(sub.add_parser("init-db", help="create the tables and dashboard views"))
+    ld = sub.add_parser("load-reviews", help="insert reviews from a CSV into hotel_reviews (idempotent)")
+    _config_args(ld)
+    ld.add_argument("--input", type=Path, default=Path("data/demo/hotel_reviews_demo.csv"))
+    _config_args(sub.add_parser("fetch-model", help="download and convert the embedded default model"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `qwenspark` command and of jobs/*.py."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        return int(_COMMANDS[args.command](cfg, args))
+    except QwenSparkError as exc:
+        print(f"qwenspark: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _batch(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark.pipeline import prepare_model, run_batch
+    from qwenspark.report import print_summary
+    from qwenspark.session import spark_session
+
+    cfg = prepare_model(cfg)
+    spark = spark_session(cfg)
+    try:
+        summary = run_batch(spark, cfg)
+    finally:
+        spark.stop()
+    print_summary(cfg, summary)
+    return 0
+
+
+def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark.evaluate import load_labelled, run_eval
+    from qwenspark.pipeline import prepare_model
+    from qwenspark.report import print_eval
+    from qwenspark.session import spark_session
+
+    labelled = load_labelled(args.input, args.limit, args.seed)
+    cfg = prepare_model(cfg)
+    spark = spark_session(cfg)
+    try:
+        report = run_eval(spark, cfg, labelled)
+    finally:
+        spark.stop()
+    print_eval(report)
+    if args.json:
+        print(json.dumps(report.as_dict(), sort_keys=True))
+    return 0
+
+
+def _init_db(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark.io.mysql import ensure_schema
+
+    ensure_schema(cfg.db)
+    print(f"schema ready in {cfg.db.database} on {cfg.db.host}:{cfg.db.port}")
+    return 0
+
+
+def _load_reviews(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark.io.mysql import ensure_schema, load_reviews_csv
+
+    ensure_schema(cfg.db)
+    total, changed = load_reviews_csv(cfg.db, args.input)
+    print(f"{total} reviews in {args.input}: {changed} rows inserted or changed in hotel_reviews")
+    return 0
+
+
+def _fetch_model(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark.models.default import ensure_default_model
+
+    print(ensure_default_model(Path(cfg.engine.model).parent))
+    return 0
+
+
+_COMMANDS = {
+    "batch": _batch,
+    "eval": _eval,
+    "init-db": _init_db,
+    "load-reviews": _load_reviews,
+    "fetch-model": _fetch_model,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

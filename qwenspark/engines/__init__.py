@@ -1,0 +1,20 @@
+"""Inference engines behind one small protocol; `build_engine` picks one from EngineConfig."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qwenspark.config import EngineConfig
+    from qwenspark.engines.base import Engine
+
+
+def build_engine(cfg: EngineConfig) -> Engine:
+    """Construct (load) the engine named by cfg.kind. Imports the heavy library only here."""
+    if cfg.kind == "vllm":
+        from qwenspark.engines.vllm import VllmEngine
+
+        return VllmEngine(cfg)
+    from qwenspark.engines.transformers import TransformersEngine
+
+    return TransformersEngine(cfg)

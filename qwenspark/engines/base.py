@@ -1,0 +1,46 @@
+"""The Engine protocol and the Completion record every engine returns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated answer and its token accounting."""
+
+    text: str
+    finish_reason: str | None  # "stop", "length", ... as the engine reports it
+    tokens_in: int
+    tokens_out: int
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A loaded model that turns chat conversations into completions, one per conversation, in order.
+
+    generate() raises ValueError/TypeError for a request the engine refuses (a per-row problem: the
+    caller isolates the row); any other exception means the engine itself failed (fatal for the task).
+    """
+
+    model_name: str
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text (no special tokens)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids."""
+        ...
+
+    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+        """One completion per conversation, same order, with the engine's sampling settings."""
+        ...
+
+    def close(self) -> None:
+        """Release the model and its memory."""
+        ...

@@ -1,0 +1,98 @@
+"""Plain transformers engine (for machines with no vLLM build): batched generate + xgrammar guided JSON."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from qwenspark.config import EngineConfig
+from qwenspark.engines.base import Completion, Message
+from qwenspark.errors import EngineError
+from qwenspark.parse import json_schema
+
+
+class TransformersEngine:
+    """AutoModelForCausalLM loaded once; generate() runs one left-padded batch, greedy unless temperature>0."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        os.environ.update(cfg.env)
+        try:
+            import torch
+            import xgrammar
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:
+            raise EngineError("engine.kind=transformers needs the `hf` extra (transformers, torch, xgrammar)") from exc
+        self._torch = torch
+        self.model_name = cfg.model
+        self._cfg = cfg
+        self._tok = AutoTokenizer.from_pretrained(cfg.tokenizer or cfg.model)
+        # Left padding so that every row's new tokens start at the same position.
+        self._tok.padding_side = "left"
+        if self._tok.pad_token_id is None:
+            self._tok.pad_token = self._tok.eos_token
+        self._model = AutoModelForCausalLM.from_pretrained(
+            cfg.model, dtype=getattr(torch, cfg.dtype), **cfg.engine_kwargs
+        ).eval()
+        gen_eos = self._model.generation_config.eos_token_id
+        eos = gen_eos if isinstance(gen_eos, list) else [gen_eos, self._tok.eos_token_id]
+        self._eos = {int(e) for e in eos if e is not None}
+        self._grammar: Any = None
+        if cfg.guided:
+            info = xgrammar.TokenizerInfo.from_huggingface(
+                self._tok, vocab_size=self._model.config.vocab_size, stop_token_ids=sorted(self._eos)
+            )
+            self._grammar = xgrammar.GrammarCompiler(info).compile_json_schema(json_schema(), any_whitespace=False)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=True))
+
+    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+        import xgrammar.contrib.hf as xgr_hf
+
+        torch = self._torch
+        prompts = [
+            self._tok.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True) for c in conversations
+        ]
+        enc = self._tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": self._cfg.max_tokens,
+            "pad_token_id": self._tok.pad_token_id,
+            "do_sample": self._cfg.temperature > 0,
+        }
+        if self._cfg.temperature > 0:
+            kwargs["temperature"] = self._cfg.temperature
+            torch.manual_seed(self._cfg.seed)
+        if self._grammar is not None:
+            # The processor keeps one matcher per row and is single-use: a new one per call.
+            kwargs["logits_processor"] = [xgr_hf.LogitsProcessor([self._grammar] * len(prompts))]
+        with torch.inference_mode():
+            out = self._model.generate(**enc, **kwargs)
+        width = enc["input_ids"].shape[1]
+        results = []
+        for row, mask in zip(out[:, width:].tolist(), enc["attention_mask"].tolist(), strict=True):
+            new: list[int] = []
+            finish = "length"
+            for tok in row:
+                if tok in self._eos:
+                    finish = "stop"
+                    break
+                new.append(tok)
+            results.append(
+                Completion(
+                    text=self.decode(new),
+                    finish_reason=finish,
+                    tokens_in=int(sum(mask)),
+                    tokens_out=len(new) + (1 if finish == "stop" else 0),
+                )
+            )
+        return results
+
+    def close(self) -> None:
+        self.__dict__.pop("_model", None)
+        import gc
+
+        gc.collect()

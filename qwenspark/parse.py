@@ -1,0 +1,62 @@
+"""Completion text -> validated ReviewAnalysis, or an error string for the row's error column."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from qwenspark.schemas import ReviewAnalysis
+
+_ERR_MAX = 500
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """Either a record or an error, never both."""
+
+    record: ReviewAnalysis | None
+    error: str | None
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON schema handed to guided decoding (strings carry maxLength so decoding always ends)."""
+    return ReviewAnalysis.model_json_schema()
+
+
+def parse_completion(text: str, finish_reason: str | None = None) -> Parsed:
+    """Validate one completion. A cut-off output is reported as such, not as a JSON error."""
+    if finish_reason == "length":
+        return Parsed(None, f"parse: output hit max_tokens before the JSON ended: {text[:_ERR_MAX]!r}")
+    stripped = text.strip()
+    # Unguided models sometimes wrap JSON in a markdown fence; guided ones never do.
+    if stripped.startswith("```"):
+        stripped = stripped.strip("`").removeprefix("json").strip()
+    try:
+        data = json.loads(stripped)
+    except json.JSONDecodeError as exc:
+        return Parsed(None, f"parse: not JSON ({exc.msg} at {exc.pos}): {text[:_ERR_MAX]!r}")
+    try:
+        record = ReviewAnalysis.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return Parsed(None, f"parse: schema: {problems}"[:_ERR_MAX])
+    return Parsed(_dedupe_aspects(record), None)
+
+
+def _dedupe_aspects(record: ReviewAnalysis) -> ReviewAnalysis:
+    # A small model may name an aspect twice; keep the first mention so aggregates count it once.
+    seen: set[str] = set()
+    kept = []
+    for mention in record.aspects:
+        if mention.aspect not in seen:
+            seen.add(mention.aspect)
+            kept.append(mention)
+    return record if len(kept) == len(record.aspects) else record.model_copy(update={"aspects": kept})
+
+
+def aspects_json(record: ReviewAnalysis) -> str:
+    """The aspects as the compact JSON array stored in review_sentiment.aspects."""
+    return json.dumps([m.model_dump() for m in record.aspects], ensure_ascii=False, separators=(",", ":"))

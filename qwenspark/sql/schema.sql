@@ -1,0 +1,111 @@
+-- qwenspark tables (MySQL 8 / MariaDB 10.6+). Idempotent: every statement can run again.
+-- The column lists of review_sentiment and review_sentiment_stage follow qwenspark.schemas.RESULT_SCHEMA
+-- (a test holds them to it). utf8mb4 everywhere: reviews are Chinese and English, with emoji.
+
+CREATE TABLE IF NOT EXISTS hotel_reviews (
+  review_id   BIGINT       NOT NULL PRIMARY KEY,
+  hotel_id    VARCHAR(64)  NOT NULL,
+  created_at  DATETIME     NOT NULL,
+  lang        VARCHAR(8)   NULL,
+  rating      TINYINT      NULL,
+  text        MEDIUMTEXT   NULL,
+  KEY ix_hotel_reviews_created (created_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+
+CREATE TABLE IF NOT EXISTS review_sentiment (
+  review_id         BIGINT       NOT NULL PRIMARY KEY,
+  hotel_id          VARCHAR(64)  NULL,
+  review_created_at DATETIME     NULL,
+  lang              VARCHAR(8)   NULL,
+  input_key         CHAR(64)     NOT NULL COMMENT 'sha256 of model, prompt version and text: unchanged -> skipped',
+  sentiment         VARCHAR(16)  NULL COMMENT 'positive|negative|neutral|mixed; NULL when error is set',
+  summary           VARCHAR(400) NULL,
+  aspects           JSON         NULL COMMENT '[{"aspect": ..., "sentiment": ...}]',
+  truncated         BOOLEAN      NOT NULL,
+  error             TEXT         NULL,
+  model             VARCHAR(255) NOT NULL,
+  prompt_version    VARCHAR(32)  NOT NULL,
+  tokens_in         INT          NOT NULL,
+  tokens_out        INT          NOT NULL,
+  latency_ms        INT          NOT NULL COMMENT 'wall time of the engine call that produced the row',
+  analysed_at       DATETIME(3)  NOT NULL,
+  run_id            CHAR(36)     NOT NULL,
+  KEY ix_review_sentiment_hotel_day (hotel_id, review_created_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+
+-- Spark appends here (one JDBC transaction per partition), then one transaction moves a run's rows.
+CREATE TABLE IF NOT EXISTS review_sentiment_stage (
+  run_id            CHAR(36)     NOT NULL,
+  review_id         BIGINT       NOT NULL,
+  hotel_id          VARCHAR(64)  NULL,
+  review_created_at DATETIME     NULL,
+  lang              VARCHAR(8)   NULL,
+  input_key         CHAR(64)     NOT NULL,
+  sentiment         VARCHAR(16)  NULL,
+  summary           VARCHAR(400) NULL,
+  aspects           TEXT         NULL,
+  truncated         BOOLEAN      NOT NULL,
+  error             TEXT         NULL,
+  model             VARCHAR(255) NOT NULL,
+  prompt_version    VARCHAR(32)  NOT NULL,
+  tokens_in         INT          NOT NULL,
+  tokens_out        INT          NOT NULL,
+  latency_ms        INT          NOT NULL,
+  analysed_at       DATETIME(3)  NOT NULL,
+  PRIMARY KEY (run_id, review_id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+
+CREATE TABLE IF NOT EXISTS job_runs (
+  run_id          CHAR(36)     NOT NULL PRIMARY KEY,
+  job             VARCHAR(32)  NOT NULL,
+  status          VARCHAR(16)  NOT NULL COMMENT 'running|succeeded|failed',
+  config_hash     CHAR(16)     NOT NULL,
+  model           VARCHAR(255) NOT NULL,
+  prompt_version  VARCHAR(32)  NOT NULL,
+  started_at      DATETIME(3)  NOT NULL,
+  finished_at     DATETIME(3)  NULL,
+  rows_selected   INT          NULL COMMENT 'reviews in the requested range',
+  rows_skipped    INT          NULL COMMENT 'already analysed with the same model, prompt and text',
+  rows_analysed   INT          NULL COMMENT 'rows sent through the pipeline (= rows out, checked)',
+  rows_ok         INT          NULL,
+  rows_error      INT          NULL,
+  rows_truncated  INT          NULL,
+  rows_changed    INT          NULL COMMENT 'review_sentiment rows inserted or changed',
+  tokens_in       BIGINT       NULL,
+  tokens_out      BIGINT       NULL,
+  engine_loads    INT          NULL,
+  engine_batches  INT          NULL,
+  seconds_total   DOUBLE       NULL,
+  seconds_analyse DOUBLE       NULL,
+  message         TEXT         NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+
+CREATE TABLE IF NOT EXISTS hotel_sentiment_daily (
+  hotel_id       VARCHAR(64)  NOT NULL,
+  day            DATE         NOT NULL,
+  reviews        INT          NOT NULL,
+  analysed       INT          NOT NULL COMMENT 'reviews with a result (reviews - errors)',
+  positive       INT          NOT NULL,
+  negative       INT          NOT NULL,
+  neutral        INT          NOT NULL,
+  mixed          INT          NOT NULL,
+  errors         INT          NOT NULL,
+  share_positive DECIMAL(5,4) NULL COMMENT 'share of analysed reviews; NULL when none',
+  share_negative DECIMAL(5,4) NULL,
+  share_neutral  DECIMAL(5,4) NULL,
+  share_mixed    DECIMAL(5,4) NULL,
+  PRIMARY KEY (hotel_id, day)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+
+CREATE TABLE IF NOT EXISTS aspect_sentiment (
+  hotel_id       VARCHAR(64)  NOT NULL,
+  day            DATE         NOT NULL,
+  aspect         VARCHAR(32)  NOT NULL,
+  mentions       INT          NOT NULL,
+  positive       INT          NOT NULL,
+  negative       INT          NOT NULL,
+  neutral        INT          NOT NULL,
+  share_positive DECIMAL(5,4) NOT NULL,
+  share_negative DECIMAL(5,4) NOT NULL,
+  PRIMARY KEY (hotel_id, day, aspect)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;

@@ -1,0 +1,76 @@
+"""Shared fixtures: the real dev data, a throwaway MariaDB, local Spark, the tiny and default models."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEV_CSV = ROOT.parent / "shared" / "data" / "hotel_reviews" / "reviews_dev.csv"
+CACHE = Path(os.environ.get("QWENSPARK_CACHE", ROOT / ".cache"))
+DB_PORT = 13399
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+@pytest.fixture(scope="session")
+def dev_reviews() -> pd.DataFrame:
+    """The 7,500 real labelled reviews (read at run time from ../shared, never committed)."""
+    if not DEV_CSV.exists():
+        pytest.fail(f"{DEV_CSV} is missing: the tests need ../shared beside the clone")
+    return pd.read_csv(DEV_CSV, dtype=str, keep_default_na=False)
+
+
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """A MariaDB server for this test session only, on 127.0.0.1:13399; stopped at the end."""
+    if shutil.which("mariadbd") is None:
+        pytest.fail("mariadbd is not installed: run `make deps`")
+    folder = tmp_path_factory.mktemp("mariadb")
+    env = {**os.environ, "MARIADB_DIR": str(folder), "MARIADB_PORT": str(DB_PORT)}
+    subprocess.run([str(ROOT / "scripts" / "mariadb.sh"), "start"], check=True, env=env)
+    try:
+        yield {"port": DB_PORT, "password_file": folder / "qwenspark.password", "socket": folder / "mysqld.sock"}
+    finally:
+        subprocess.run([str(ROOT / "scripts" / "mariadb.sh"), "stop"], check=False, env=env)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """A tiny random Qwen3 with the real Qwen tokenizer, built once per cache."""
+    from qwenspark.models.tiny import build_tiny_qwen
+
+    return build_tiny_qwen(CACHE / "test-models" / "tiny-qwen3")
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """One local Spark session for the whole run (starting one costs ~5-10 s)."""
+    from pyspark.sql import SparkSession
+
+    from qwenspark.session import BASE_CONF
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("qwenspark-tests")
+        .config("spark.jars", "/usr/share/java/mariadb-java-client.jar")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+    )
+    for key, value in BASE_CONF.items():
+        builder = builder.config(key, value)
+    builder = builder.config(
+        "spark.driver.extraJavaOptions", "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    )
+    session = builder.getOrCreate()
+    yield session
+    session.stop()

@@ -1,0 +1,114 @@
+"""The executor function with fake engines: one row out per row in, per-row errors, fatal errors propagate."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pandas as pd
+import pytest
+
+from qwenspark.analyze import AnalyzeSpec, analyze_chunk, make_analyze_fn
+from qwenspark.config import EngineConfig
+from qwenspark.engines import cache
+from qwenspark.engines.base import Completion, Message
+from qwenspark.schemas import RESULT_COLUMNS
+
+GOOD = json.dumps({"sentiment": "positive", "summary": "ok", "aspects": [{"aspect": "room", "sentiment": "positive"}]})
+
+
+class FakeEngine:
+    """Answers GOOD, except: refuses reviews containing 'REFUSE', babbles for 'BABBLE', dies for 'DIE'."""
+
+    model_name = "fake"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+        self.calls.append(len(conversations))
+        reviews = [c[-1]["content"] for c in conversations]
+        if any("DIE" in r for r in reviews):
+            raise RuntimeError("CUDA error: device lost")
+        if any("REFUSE" in r for r in reviews):
+            raise ValueError("prompt too long")
+        return [
+            Completion("I think it is nice" if "BABBLE" in r else GOOD, "stop", len(r), 12) for r in reviews
+        ]
+
+    def close(self) -> None:
+        pass
+
+
+def _spec(batch_size: int = 4, max_tokens: int = 50) -> AnalyzeSpec:
+    return AnalyzeSpec(
+        engine=EngineConfig(model="fake", batch_size=batch_size), prompt_version="v1", max_review_tokens=max_tokens
+    )
+
+
+def _frame(texts: list[str | None], errors: list[str | None] | None = None) -> pd.DataFrame:
+    n = len(texts)
+    return pd.DataFrame(
+        {
+            "review_id": range(1, n + 1),
+            "hotel_id": ["H1"] * n,
+            "created_at": pd.Timestamp("2026-11-01"),
+            "lang": [None] * n,
+            "text": texts,
+            "input_key": ["k"] * n,
+            "clean_error": errors or [None] * n,
+        }
+    )
+
+
+def test_one_row_out_per_row_in_with_every_kind_of_error() -> None:
+    texts = ["nice", None, "REFUSE me", "BABBLE", "x" * 80, "good"]
+    errors = [None, "empty: text is NULL", None, None, None, None]
+    out = analyze_chunk(FakeEngine(), _frame(texts, errors), _spec())
+    assert list(out.columns) == list(RESULT_COLUMNS)
+    assert out["review_id"].tolist() == [1, 2, 3, 4, 5, 6]
+    err = out["error"].tolist()
+    assert err[0] is None and out["sentiment"][0] == "positive"
+    assert err[1] == "empty: text is NULL" and out["tokens_in"][1] == 0
+    assert err[2] == "engine refused the request: prompt too long"
+    assert err[3].startswith("parse: not JSON")
+    assert err[4] is None and bool(out["truncated"][4]) and not out["truncated"][0]
+    assert err[5] is None
+    # every row has a result or an error, never neither
+    assert all((e is None) != (s is None) for e, s in zip(out["error"], out["sentiment"], strict=True))
+
+
+def test_fatal_engine_error_fails_the_task() -> None:
+    with pytest.raises(RuntimeError, match="device lost"):
+        analyze_chunk(FakeEngine(), _frame(["fine", "DIE"]), _spec())
+
+
+def test_partition_function_rechunks_and_loads_engine_once() -> None:
+    cache.clear()
+    made: list[FakeEngine] = []
+
+    def factory(cfg: EngineConfig) -> FakeEngine:
+        made.append(FakeEngine())
+        return made[-1]
+
+    fn = make_analyze_fn(_spec(batch_size=4), engine_factory=factory)
+    frames = [_frame(["a"] * 3), _frame(["b"] * 6), _frame(["c"] * 1)]
+    out = pd.concat(list(fn(iter(frames))))
+    assert len(out) == 10
+    out2 = pd.concat(list(fn(iter([_frame(["d"] * 5)]))))
+    assert len(out2) == 5
+    assert len(made) == 1, "the engine is cached per process"
+    assert made[0].calls == [4, 4, 2, 4, 1]
+    cache.clear()
+
+
+def test_empty_partition_loads_nothing() -> None:
+    cache.clear()
+    fn = make_analyze_fn(_spec(), engine_factory=lambda cfg: pytest.fail("loaded"))
+    assert list(fn(iter([]))) == []

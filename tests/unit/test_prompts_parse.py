@@ -1,0 +1,87 @@
+"""Prompt building and completion parsing: pure functions, no model."""
+
+import json
+
+import pytest
+
+from qwenspark.errors import ConfigError
+from qwenspark.parse import aspects_json, json_schema, parse_completion
+from qwenspark.prompts import detect_lang, get_template
+from qwenspark.schemas import ASPECTS, SENTIMENTS
+
+
+def test_messages_end_with_the_review_in_its_language() -> None:
+    msgs = get_template("v1").messages("早餐很好吃", "zh")
+    assert msgs[0]["role"] == "system"
+    assert [m["role"] for m in msgs[1:]] == ["user", "assistant", "user", "assistant", "user"]
+    assert "早餐很好吃" in msgs[-1]["content"] and "中文" in msgs[-1]["content"]
+    en = get_template("v1").messages("great pool", "en")[-1]["content"]
+    assert "great pool" in en and "English" in en
+
+
+def test_few_shot_answers_are_valid_records() -> None:
+    template = get_template("v1")
+    for _, answer in template.examples:
+        assert parse_completion(answer).record is not None
+
+
+def test_unknown_prompt_version_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"prompt\.version"):
+        get_template("v999")
+
+
+@pytest.mark.parametrize(
+    ("text", "given", "expected"),
+    [("房间不错", None, "zh"), ("nice room", None, "en"), ("nice", "ZH", "zh"), ("好 ok", "", "zh")],
+)
+def test_detect_lang(text: str, given: str | None, expected: str) -> None:
+    assert detect_lang(text, given) == expected
+
+
+def test_schema_lists_the_fixed_labels() -> None:
+    schema = json_schema()
+    assert schema["properties"]["sentiment"]["enum"] == list(SENTIMENTS)
+    assert schema["$defs"]["AspectMention"]["properties"]["aspect"]["enum"] == list(ASPECTS)
+    assert schema["properties"]["summary"]["maxLength"] == 200
+
+
+def test_parse_valid_and_dedupes_aspects() -> None:
+    text = json.dumps(
+        {
+            "sentiment": "mixed",
+            "summary": "好坏参半",
+            "aspects": [
+                {"aspect": "room", "sentiment": "positive"},
+                {"aspect": "room", "sentiment": "negative"},
+                {"aspect": "noise", "sentiment": "negative"},
+            ],
+        },
+        ensure_ascii=False,
+    )
+    parsed = parse_completion(text, "stop")
+    assert parsed.error is None and parsed.record is not None
+    assert json.loads(aspects_json(parsed.record)) == [
+        {"aspect": "room", "sentiment": "positive"},
+        {"aspect": "noise", "sentiment": "negative"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason", "needle"),
+    [
+        ('{"sentiment": "positive", "summ', "length", "max_tokens"),
+        ("not json at all", "stop", "not JSON"),
+        ('{"sentiment": "great", "summary": "x", "aspects": []}', "stop", "sentiment"),
+        ('{"sentiment": "positive", "summary": "", "aspects": []}', "stop", "summary"),
+        ('{"sentiment": "positive", "summary": "x", "aspects": [{"aspect": "spa", "sentiment": "positive"}]}',
+         "stop", "aspect"),
+    ],
+)
+def test_parse_errors_are_strings_naming_the_problem(text: str, reason: str, needle: str) -> None:
+    parsed = parse_completion(text, reason)
+    assert parsed.record is None and parsed.error is not None and needle in parsed.error
+
+
+def test_parse_accepts_markdown_fence_from_unguided_models() -> None:
+    fenced = '```json\n{"sentiment": "negative", "summary": "bad", "aspects": []}\n```'
+    assert parse_completion(fenced).record is not None
