@@ -147,6 +147,7 @@ def _convert(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    # transformers 5 otherwise keeps the GGUF blocks packed for its own kernels; vLLM needs plain bf16 tensors.
     quant: dict[str, object] = {}
     try:
         from transformers import GgufConfig
@@ -156,9 +157,7 @@ def _convert(gguf: Path, out: Path) -> None:
         pass
 
     logger.info("dequantising the GGUF weights to bfloat16 with transformers (about 30 s)")
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16, **quant
-    )
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16, **quant)
     logger.info("reading the tokenizer from the GGUF metadata")
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if "<|im_start|>" not in (tokenizer.chat_template or ""):
@@ -173,7 +172,7 @@ def _convert(gguf: Path, out: Path) -> None:
     logger.info("writing the safetensors folder %s", out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    del model
+    del model  # 1.3 GB of bf16 weights, no longer needed for the checks below
     _fix_tokenizer_json(out / "tokenizer.json")
 
     # Check what was written, as vLLM will read it.
@@ -230,7 +229,7 @@ def ensure_default_model(cache_dir: Path) -> Path:
             gguf.unlink()
             # The marker goes in last, and the rename makes the folder appear complete or not at all.
             (staging / MARKER).write_text(GGUF_SHA256 + "\n", encoding="utf-8")
-            # mkdtemp and safetensors make private files; Spark workers of other users may need to read them.
+            # safetensors writes 0600 files; Spark workers running as other users must be able to read them.
             staging.chmod(0o755)
             for item in staging.iterdir():
                 item.chmod(0o644)

@@ -98,7 +98,7 @@ TOKENIZER_CONFIG: dict[str, Any] = {
     "split_special_tokens": False,
 }
 
-MARKER = ".complete"
+MARKER = ".tiny-qwen.complete"  # not ".complete": never mistake the default model folder for ours
 # Bump when the folder layout or weights change, so that old builds are rebuilt instead of reused.
 _BUILD_VERSION = 1
 _TOKENIZER_FORMAT = 1
