@@ -7,6 +7,8 @@ export PYSPARK_PYTHON := $(CURDIR)/.venv/bin/python
 export SPARK_LOCAL_IP := 127.0.0.1
 export QWENSPARK_CACHE := $(CURDIR)/.cache
 JAR     := /usr/share/java/mariadb-java-client.jar
+# Library chatter hidden from the demo's console (it stays in .run/demo-job.log).
+NOISE   := ^\(|^\[W|^WARNING|^Using Spark|^Setting default|^To adjust|^[0-9/]+ [0-9:]+ (WARN|INFO)|Warning|warn\(|wrapper = |if hasattr|^Loading safetensors|^$$|^Triton
 APT_PKGS := mariadb-server mariadb-client libmariadb-java
 
 .PHONY: demo test deps venv db db-stop model lint sql bench clean help
@@ -50,10 +52,10 @@ model: venv
 demo: deps venv db model
 	@echo "[demo] creating tables and views, loading data/demo/hotel_reviews_demo.csv"
 	@.venv/bin/qwenspark -q load-reviews --config conf/local.yaml
-	@echo "[demo] running the batch job through spark-submit"
-	@.venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
-	  --conf spark.ui.showConsoleProgress=false --driver-java-options '-Dlog4j.rootLogger=WARN' \
-	  jobs/hotel_sentiment.py --config conf/local.yaml 2> >(grep -vE '^(WARNING|Using Spark|Setting default log level|To adjust logging|[0-9/: ]+ (WARN|INFO) )' >&2)
+	@echo "[demo] running the batch job through spark-submit (progress below; full log: .run/demo-job.log)"
+	@set -o pipefail; .venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
+	  --conf spark.ui.showConsoleProgress=false --driver-java-options -Duser.timezone=UTC jobs/hotel_sentiment.py --config conf/local.yaml \
+	  2>&1 | tee .run/demo-job.log | grep --line-buffered -vE '$(NOISE)'
 
 sql: db
 	@mariadb --no-defaults --socket=.run/mariadb/mysqld.sock -uroot qwenspark --table -e "$(Q)"

@@ -63,20 +63,38 @@ def make_analyze_fn(
     get_template(spec.prompt_version)  # fail on the driver, not in every task
 
     def analyze_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        _worker_logging()
         engine: Engine | None = None
+        done = 0
         for chunk in rechunk(frames, spec.engine.batch_size):
             if engine is None:
                 # Loaded lazily: an empty partition never loads a model.
                 engine, loaded = cache.get_engine(spec.engine, engine_factory)
                 if metrics is not None and loaded:
                     metrics.engine_loads.add({str(os.getpid()): 1})
+            started = time.perf_counter()
             out = analyze_chunk(engine, chunk, spec)
+            done += len(out)
+            log.info(
+                "batch of %d analysed in %.1f s (%d errors, %d generated tokens); %d rows so far in this task",
+                len(out), time.perf_counter() - started, out["error"].notna().sum(), out["tokens_out"].sum(), done,
+            )
             if metrics is not None:
                 metrics.batch_sizes.add({str(len(chunk)): 1})
                 metrics.rows.add(len(out))
             yield out
 
     return analyze_partition
+
+
+def _worker_logging() -> None:
+    # Python workers start with no logging handlers: without one, progress lines would be dropped.
+    root = logging.getLogger("qwenspark")
+    if not root.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
 
 
 def analyze_chunk(engine: Engine, chunk: pd.DataFrame, spec: AnalyzeSpec) -> pd.DataFrame:

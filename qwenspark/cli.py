@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    logging.getLogger("py4j").setLevel(logging.WARNING)
+    for noisy in ("py4j", "mysql.connector"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         cfg = load_config(args.config, args.overrides)
         return int(_COMMANDS[args.command](cfg, args))

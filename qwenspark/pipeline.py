@@ -128,6 +128,8 @@ def _run(spark: SparkSession, cfg: QwenSparkConfig, summary: RunSummary, started
     try:
         if todo is not None and summary.rows_analysed:
             metrics = new_metrics(spark)
+            log.info("analysing %d reviews with %s in batches of %d", summary.rows_analysed, cfg.engine.model,
+                     cfg.engine.batch_size)
             t0 = time.perf_counter()
             results = analyse(todo, cfg, metrics).withColumn("run_id", F.lit(summary.run_id))
             jdbc.write_stage(results, cfg)
