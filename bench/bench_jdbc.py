@@ -59,7 +59,7 @@ def main() -> int:
     figures: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    reviews.write.format("jdbc").options(**jdbc._options(cfg)).option("dbtable", "hotel_reviews") \
+    reviews.write.format("jdbc").options(**jdbc.jdbc_options(cfg)).option("dbtable", "hotel_reviews") \
         .option("batchsize", "2000").mode("append").save()
     figures["JDBC write hotel_reviews"] = n / (time.perf_counter() - t0)
 

@@ -15,7 +15,7 @@ from qwenspark.schemas import INPUT_SCHEMA
 log = logging.getLogger(__name__)
 
 
-def _options(cfg: QwenSparkConfig) -> dict[str, str]:
+def jdbc_options(cfg: QwenSparkConfig) -> dict[str, str]:
     db = cfg.db
     # Spark redacts option values matching spark.redaction.regex (password) from logs and the UI.
     return {
@@ -54,7 +54,7 @@ def id_bounds(cfg: QwenSparkConfig) -> tuple[int, int, int]:
 def _partitioned(spark: SparkSession, cfg: QwenSparkConfig, table: str, lo: int, hi: int) -> DataFrame:
     return (
         spark.read.format("jdbc")
-        .options(**_options(cfg))
+        .options(**jdbc_options(cfg))
         .option("dbtable", table)
         .option("partitionColumn", "review_id")
         .option("lowerBound", str(lo))
@@ -90,7 +90,7 @@ def write_stage(df: DataFrame, cfg: QwenSparkConfig) -> None:
     (
         df.coalesce(cfg.sink.write_partitions)
         .write.format("jdbc")
-        .options(**_options(cfg))
+        .options(**jdbc_options(cfg))
         .option("dbtable", "review_sentiment_stage")
         .option("batchsize", str(cfg.sink.batchsize))
         .option("isolationLevel", "READ_COMMITTED")
