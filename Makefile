@@ -33,7 +33,7 @@ $(VENV_OK): pyproject.toml
 	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev] (first time: about 2-3 min, 4.5 GB)"
 	@test -x $(PY) || python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install --progress-bar on -q -e ".[cpu,hf,dev]"
+	@$(PY) -m pip install --progress-bar on -e ".[cpu,hf,dev]" | grep -E "^(Collecting|Installing|Successfully)" || true
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside CPU torch.
 	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@$(PY) -c "import vllm, pyspark; print('[venv] vllm', vllm.__version__, '/ pyspark', pyspark.__version__)"
@@ -47,7 +47,7 @@ db-stop:
 
 model: venv
 	@echo "[model] default model (Qwen2.5-Coder-0.5B-Instruct): download, verify, convert once into .cache/models"
-	@$(PY) -m qwenspark.cli -q fetch-model --config conf/local.yaml
+	@$(PY) -m qwenspark.cli fetch-model --config conf/local.yaml
 
 demo: deps venv db model
 	@echo "[demo] creating tables and views, loading data/demo/hotel_reviews_demo.csv"

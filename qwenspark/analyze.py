@@ -19,6 +19,7 @@ from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Engine, Message
 from qwenspark.parse import aspects_json, parse_completion
 from qwenspark.prompts import detect_lang, get_template
+from qwenspark.resources import pin_task_gpus
 from qwenspark.schemas import CLEAN_SCHEMA, RESULT_COLUMNS
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class Metrics:
     engine_loads: Any  # Accumulator[dict[str, int]]: pid -> loads
     batch_sizes: Any  # Accumulator[dict[str, int]]: size -> batches
     rows: Any  # Accumulator[int]
+    gpu_bindings: Any  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> engine loads
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,13 @@ def make_analyze_fn(
         done = 0
         for chunk in rechunk(frames, spec.engine.batch_size):
             if engine is None:
-                # Loaded lazily: an empty partition never loads a model.
-                engine, loaded = cache.get_engine(spec.engine, engine_factory)
+                # Loaded lazily: an empty partition never loads a model. GPUs are pinned first, before
+                # anything imports torch or vllm.
+                engine_cfg, gpus = pin_task_gpus(spec.engine)
+                engine, loaded = cache.get_engine(engine_cfg, engine_factory)
                 if metrics is not None and loaded:
                     metrics.engine_loads.add({str(os.getpid()): 1})
+                    metrics.gpu_bindings.add({f"{os.getpid()}:{','.join(gpus) or 'none'}": 1})
             started = time.perf_counter()
             out = analyze_chunk(engine, chunk, spec)
             done += len(out)

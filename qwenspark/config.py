@@ -105,7 +105,9 @@ class EngineConfig(_Section):
     gpu_memory_utilization: float | None = Field(
         None, gt=0.0, le=1.0, description="vLLM: share of GPU memory for the engine (None: vLLM default)."
     )
-    tensor_parallel_size: int = Field(1, ge=1, description="vLLM: GPUs per engine.")
+    tensor_parallel_size: int | None = Field(
+        None, ge=1, description="vLLM: GPUs per engine (None: as many as the Spark task holds, 1 without GPUs)."
+    )
     guided: bool = Field(True, description="Constrain output to the JSON schema (xgrammar).")
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment set in the executor before the engine is imported."

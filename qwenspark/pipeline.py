@@ -71,6 +71,7 @@ def new_metrics(spark: SparkSession) -> Metrics:
         engine_loads=sc.accumulator({}, CounterParam()),
         batch_sizes=sc.accumulator({}, CounterParam()),
         rows=sc.accumulator(0),
+        gpu_bindings=sc.accumulator({}, CounterParam()),
     )
 
 
