@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,7 +17,7 @@ from pyspark.accumulators import AccumulatorParam
 from qwenspark.batching import rechunk, truncate_by_tokens
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
-from qwenspark.engines.base import Completion, Engine, Message
+from qwenspark.engines.base import Completion, Engine, Message, StreamingEngine
 from qwenspark.parse import aspects_json, parse_completion
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.resources import pin_task_gpus
@@ -67,29 +68,46 @@ def make_analyze_fn(
     def analyze_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         _worker_logging()
         engine: Engine | None = None
+        feed: ContinuousFeed | None = None
         done = 0
-        for chunk in rechunk(frames, spec.engine.batch_size):
-            if engine is None:
-                # Loaded lazily: an empty partition never loads a model. GPUs are pinned first, before
-                # anything imports torch or vllm.
-                engine_cfg, gpus = pin_task_gpus(spec.engine)
-                engine, loaded = cache.get_engine(engine_cfg, engine_factory)
-                if metrics is not None and loaded:
-                    metrics.engine_loads.add({str(os.getpid()): 1})
-                    metrics.gpu_bindings.add({f"{os.getpid()}:{','.join(gpus) or 'none'}": 1})
-            started = time.perf_counter()
-            out = analyze_chunk(engine, chunk, spec)
-            done += len(out)
-            log.info(
-                "batch of %d analysed in %.1f s (%d errors, %d generated tokens); %d rows so far in this task",
-                len(out), time.perf_counter() - started, out["error"].notna().sum(), out["tokens_out"].sum(), done,
-            )
-            if metrics is not None:
-                metrics.batch_sizes.add({str(len(chunk)): 1})
-                metrics.rows.add(len(out))
-            yield out
+        try:
+            for chunk in rechunk(frames, spec.engine.batch_size):
+                if engine is None:
+                    # Loaded lazily: an empty partition never loads a model. GPUs are pinned first, before
+                    # anything imports torch or vllm.
+                    engine_cfg, gpus = pin_task_gpus(spec.engine)
+                    engine, loaded = cache.get_engine(engine_cfg, engine_factory)
+                    if metrics is not None and loaded:
+                        metrics.engine_loads.add({str(os.getpid()): 1})
+                        metrics.gpu_bindings.add({f"{os.getpid()}:{','.join(gpus) or 'none'}": 1})
+                    if spec.engine.continuous and isinstance(engine, StreamingEngine):
+                        feed = ContinuousFeed(engine, spec.engine.max_in_flight or 2 * spec.engine.batch_size)
+                if metrics is not None:
+                    metrics.batch_sizes.add({str(len(chunk)): 1})
+                batch = PreparedBatch(engine, chunk, spec)
+                for out in feed.add(batch) if feed is not None else [batch.run_sync(engine)]:
+                    done += len(out)
+                    _report(out, done, metrics)
+                    yield out
+            for out in feed.drain() if feed is not None else []:
+                done += len(out)
+                _report(out, done, metrics)
+                yield out
+        finally:
+            # A task that fails or is stopped early must not leave requests behind in the cached engine.
+            if feed is not None:
+                feed.abort()
 
     return analyze_partition
+
+
+def _report(out: pd.DataFrame, done: int, metrics: Metrics | None) -> None:
+    log.info(
+        "batch of %d analysed (%d errors, %d generated tokens); %d rows so far in this task",
+        len(out), out["error"].notna().sum(), out["tokens_out"].sum(), done,
+    )
+    if metrics is not None:
+        metrics.rows.add(len(out))
 
 
 def _worker_logging() -> None:
@@ -102,77 +120,152 @@ def _worker_logging() -> None:
         root.setLevel(logging.INFO)
 
 
-def analyze_chunk(engine: Engine, chunk: pd.DataFrame, spec: AnalyzeSpec) -> pd.DataFrame:
-    """Analyse one batch. Returns exactly one result row per input row, in order."""
-    missing = [c for c in CLEAN_SCHEMA.fieldNames() if c not in chunk.columns]
-    if missing:
-        raise ValueError(f"analyze stage: input lacks columns {missing}")
-    template = get_template(spec.prompt_version)
-    n = len(chunk)
-    sentiment: list[str | None] = [None] * n
-    summary: list[str | None] = [None] * n
-    aspects: list[str | None] = [None] * n
-    errors: list[str | None] = [e if isinstance(e, str) else None for e in chunk["clean_error"]]
-    truncated = [False] * n
-    tokens_in = [0] * n
-    tokens_out = [0] * n
+class PreparedBatch:
+    """One fixed-size batch: prompts built, clean errors kept, result slots waiting to be filled."""
 
-    todo: list[int] = []
-    conversations: list[list[Message]] = []
-    for i, (text, lang) in enumerate(zip(chunk["text"], chunk["lang"], strict=True)):
-        if errors[i] is not None:
-            continue
-        try:
-            cut, truncated[i] = truncate_by_tokens(text, spec.max_review_tokens, engine.encode, engine.decode)
-            conversations.append(template.messages(cut, detect_lang(cut, lang if isinstance(lang, str) else None)))
-            todo.append(i)
-        except (ValueError, TypeError, UnicodeError) as exc:
-            errors[i] = f"prompt: {type(exc).__name__}: {exc}"
+    def __init__(self, engine: Engine, chunk: pd.DataFrame, spec: AnalyzeSpec) -> None:
+        missing = [c for c in CLEAN_SCHEMA.fieldNames() if c not in chunk.columns]
+        if missing:
+            raise ValueError(f"analyze stage: input lacks columns {missing}")
+        template = get_template(spec.prompt_version)
+        n = len(chunk)
+        self.chunk, self.model, self.prompt_version = chunk, engine.model_name, spec.prompt_version
+        self.sentiment: list[str | None] = [None] * n
+        self.summary: list[str | None] = [None] * n
+        self.aspects: list[str | None] = [None] * n
+        self.errors: list[str | None] = [e if isinstance(e, str) else None for e in chunk["clean_error"]]
+        self.truncated = [False] * n
+        self.tokens_in = [0] * n
+        self.tokens_out = [0] * n
+        self.latency_ms = [0] * n
+        self.todo: list[int] = []  # row index of each conversation
+        self.conversations: list[list[Message]] = []
+        for i, (text, lang) in enumerate(zip(chunk["text"], chunk["lang"], strict=True)):
+            if self.errors[i] is not None:
+                continue
+            try:
+                cut, self.truncated[i] = truncate_by_tokens(text, spec.max_review_tokens, engine.encode, engine.decode)
+                given = lang if isinstance(lang, str) else None
+                self.conversations.append(template.messages(cut, detect_lang(cut, given)))
+                self.todo.append(i)
+            except (ValueError, TypeError, UnicodeError) as exc:
+                self.errors[i] = f"prompt: {type(exc).__name__}: {exc}"
+        self.remaining = len(self.todo)
 
-    started = time.perf_counter()
-    completions = generate_isolating(engine, conversations)
-    batch_ms = int((time.perf_counter() - started) * 1000)
-    latency = [0] * n
-    for i in todo:
-        latency[i] = batch_ms
-
-    for i, done in zip(todo, completions, strict=True):
+    def fill(self, j: int, done: Completion | str, latency_ms: int) -> None:
+        """Store the answer (or engine error) of conversation j."""
+        i = self.todo[j]
+        self.latency_ms[i] = latency_ms
+        self.remaining -= 1
         if isinstance(done, str):
-            errors[i] = done
-            continue
-        tokens_in[i], tokens_out[i] = done.tokens_in, done.tokens_out
+            self.errors[i] = done
+            return
+        self.tokens_in[i], self.tokens_out[i] = done.tokens_in, done.tokens_out
         parsed = parse_completion(done.text, done.finish_reason)
         if parsed.record is None:
-            errors[i] = parsed.error
+            self.errors[i] = parsed.error
         else:
-            sentiment[i] = parsed.record.sentiment
-            summary[i] = parsed.record.summary
-            aspects[i] = aspects_json(parsed.record)
+            self.sentiment[i] = parsed.record.sentiment
+            self.summary[i] = parsed.record.summary
+            self.aspects[i] = aspects_json(parsed.record)
 
-    out = pd.DataFrame(
-        {
-            "review_id": chunk["review_id"].astype("int64").to_numpy(),
-            "hotel_id": chunk["hotel_id"].to_numpy(),
-            "review_created_at": chunk["created_at"].to_numpy(),
-            "lang": chunk["lang"].to_numpy(),
-            "input_key": chunk["input_key"].to_numpy(),
-            "sentiment": sentiment,
-            "summary": summary,
-            "aspects": aspects,
-            "truncated": truncated,
-            "error": errors,
-            "model": engine.model_name,
-            "prompt_version": spec.prompt_version,
-            "tokens_in": pd.array(tokens_in, dtype="int32"),
-            "tokens_out": pd.array(tokens_out, dtype="int32"),
-            "latency_ms": pd.array(latency, dtype="int32"),
-            "analysed_at": pd.Timestamp(datetime.now(UTC).replace(tzinfo=None)),
-        },
-        columns=list(RESULT_COLUMNS),
-    )
-    if len(out) != n:  # the contract this whole module exists for
-        raise AssertionError(f"analyze stage: {n} rows in, {len(out)} out")
-    return out
+    def run_sync(self, engine: Engine) -> pd.DataFrame:
+        """One synchronous engine call for the whole batch (engines without a continuous feed)."""
+        started = time.perf_counter()
+        completions = generate_isolating(engine, self.conversations)
+        batch_ms = int((time.perf_counter() - started) * 1000)
+        for j, done in enumerate(completions):
+            self.fill(j, done, batch_ms)
+        return self.frame()
+
+    def frame(self) -> pd.DataFrame:
+        """The result rows, one per input row, in input order."""
+        chunk, n = self.chunk, len(self.chunk)
+        out = pd.DataFrame(
+            {
+                "review_id": chunk["review_id"].astype("int64").to_numpy(),
+                "hotel_id": chunk["hotel_id"].to_numpy(),
+                "review_created_at": chunk["created_at"].to_numpy(),
+                "lang": chunk["lang"].to_numpy(),
+                "input_key": chunk["input_key"].to_numpy(),
+                "sentiment": self.sentiment,
+                "summary": self.summary,
+                "aspects": self.aspects,
+                "truncated": self.truncated,
+                "error": self.errors,
+                "model": self.model,
+                "prompt_version": self.prompt_version,
+                "tokens_in": pd.array(self.tokens_in, dtype="int32"),
+                "tokens_out": pd.array(self.tokens_out, dtype="int32"),
+                "latency_ms": pd.array(self.latency_ms, dtype="int32"),
+                "analysed_at": pd.Timestamp(datetime.now(UTC).replace(tzinfo=None)),
+            },
+            columns=list(RESULT_COLUMNS),
+        )
+        if len(out) != n or self.remaining:  # the contract this whole module exists for
+            raise AssertionError(f"analyze stage: {n} rows in, {len(out)} out, {self.remaining} unanswered")
+        return out
+
+
+def analyze_chunk(engine: Engine, chunk: pd.DataFrame, spec: AnalyzeSpec) -> pd.DataFrame:
+    """Analyse one batch synchronously. Returns exactly one result row per input row, in order."""
+    return PreparedBatch(engine, chunk, spec).run_sync(engine)
+
+
+class ContinuousFeed:
+    """Keeps the engine busy across batches: new requests join while earlier ones still decode.
+
+    The naive way (generate one batch, wait for its longest answer, then the next) idles the engine's
+    batch slots while the last sequences finish. Here a batch's requests are added as soon as it arrives,
+    at most `max_in_flight` requests are outstanding (bounding memory and latency), and finished batches
+    are handed back strictly in input order, so the one-row-out-per-row-in contract and row order hold.
+    """
+
+    def __init__(self, engine: StreamingEngine, max_in_flight: int) -> None:
+        self.engine, self.max_in_flight = engine, max_in_flight
+        self.pending: deque[PreparedBatch] = deque()
+        self.owner: dict[str, tuple[PreparedBatch, int, float]] = {}
+
+    def add(self, batch: PreparedBatch) -> list[pd.DataFrame]:
+        """Submit a batch; step the engine while too much is in flight; return batches now complete."""
+        self.pending.append(batch)
+        for j, conversation in enumerate(batch.conversations):
+            started = time.perf_counter()
+            try:
+                rid = self.engine.submit(conversation)
+            except (ValueError, TypeError) as exc:  # refused at admission: that row's error, not the task's
+                batch.fill(j, f"engine refused the request: {str(exc)[:500]}", 0)
+                continue
+            self.owner[rid] = (batch, j, started)
+        while len(self.owner) > self.max_in_flight:
+            self._step()
+        return self._complete_head()
+
+    def drain(self) -> list[pd.DataFrame]:
+        """Finish everything still in flight (end of the partition)."""
+        while self.owner:
+            self._step()
+        return self._complete_head()
+
+    def abort(self) -> None:
+        """Drop this feed's outstanding requests from the engine."""
+        if self.owner:
+            self.engine.abort(list(self.owner))
+            self.owner.clear()
+
+    def _step(self) -> None:
+        for rid, done in self.engine.step():
+            owner = self.owner.pop(rid, None)
+            if owner is None:  # left over from an earlier task that ended early: nobody waits for it
+                continue
+            batch, j, started = owner
+            batch.fill(j, done, int((time.perf_counter() - started) * 1000))
+
+    def _complete_head(self) -> list[pd.DataFrame]:
+        out = []
+        while self.pending and self.pending[0].remaining == 0:
+            out.append(self.pending.popleft().frame())
+        return out
 
 
 def generate_isolating(engine: Engine, conversations: Sequence[list[Message]]) -> list[Completion | str]:

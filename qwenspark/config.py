@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 
 from qwenspark.errors import ConfigError
 
@@ -89,7 +89,9 @@ class CleanConfig(_Section):
 class EngineConfig(_Section):
     """The inference engine built on each executor (the cache key: same config, same engine)."""
 
-    kind: Literal["vllm", "transformers"] = Field("vllm", description="Engine implementation.")
+    kind: Literal["vllm", "transformers", "openai"] = Field(
+        "vllm", description="Engine implementation (openai: any OpenAI-compatible server, e.g. `vllm serve`)."
+    )
     model: str = Field(..., description="Model folder or hub id of a Qwen instruct model.")
     default_model: bool = Field(
         False, description="Fetch and convert the embedded default model into `model` if it is missing."
@@ -108,12 +110,44 @@ class EngineConfig(_Section):
     tensor_parallel_size: int | None = Field(
         None, ge=1, description="vLLM: GPUs per engine (None: as many as the Spark task holds, 1 without GPUs)."
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description=(
+            "cuda: the job refuses to start without GPU settings; auto: use the GPUs Spark assigns if any; "
+            "cpu: ignore them (the engine's worker sees no GPU)."
+        ),
+    )
     guided: bool = Field(True, description="Constrain output to the JSON schema (xgrammar).")
+    continuous: bool = Field(
+        True, description="Feed the engine continuously across batches (vLLM); false: one generate per batch."
+    )
+    max_in_flight: int | None = Field(
+        None, ge=1, description="Most requests outstanding per task in continuous mode (None: 2 x batch_size)."
+    )
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment set in the executor before the engine is imported."
     )
     engine_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for vllm.LLM / from_pretrained."
+    )
+    base_url: str | None = Field(
+        None,
+        validate_default=True,
+        description="openai: the server's API root, up to and including /v1 (e.g. http://127.0.0.1:8000/v1).",
+    )
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        description="openai: environment variable holding the API key (read when the engine starts; "
+        "unset: no Authorization header, as `vllm serve` without --api-key expects).",
+    )
+    max_concurrency: int = Field(
+        16, ge=1, description="openai: most requests in flight per engine (per Python worker)."
+    )
+    request_timeout_s: float = Field(
+        60.0, gt=0.0, description="openai: timeout of one HTTP request (connect, send, wait for the answer), seconds."
+    )
+    max_retries: int = Field(
+        5, ge=0, description="openai: retries of one request after a 408, 429, 5xx, timeout or connection error."
     )
 
     @field_validator("env", mode="before")
@@ -122,9 +156,22 @@ class EngineConfig(_Section):
         # `--set engine.env.X=1` parses 1 as an int; the environment only holds strings.
         return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else value
 
+    @field_validator("base_url")
+    @classmethod
+    def _base_url_for_openai(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("kind") == "openai":
+            if not value:
+                raise ValueError("required when engine.kind=openai (e.g. http://127.0.0.1:8000/v1)")
+            if not value.startswith(("http://", "https://")):
+                raise ValueError(f"must start with http:// or https://, got {value!r}")
+        # One spelling, so that a trailing slash neither doubles in URLs nor changes the engine cache key.
+        return value.rstrip("/") if value else value
+
     def cache_key(self) -> str:
         """Stable key of the engine cache: two tasks with equal configs share one engine."""
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+        # How batches are fed does not change the engine: those fields stay out of the key.
+        shape = self.model_dump_json(exclude={"batch_size", "continuous", "max_in_flight"})
+        return hashlib.sha256(shape.encode()).hexdigest()[:16]
 
 
 class PromptConfig(_Section):

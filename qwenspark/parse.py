@@ -27,7 +27,12 @@ def json_schema() -> dict[str, Any]:
 
 
 def parse_completion(text: str, finish_reason: str | None = None) -> Parsed:
-    """Validate one completion. A cut-off output is reported as such, not as a JSON error."""
+    """Validate one completion. A cut-off output is reported as such, not as a JSON error.
+
+    finish_reason "error: <reason>" marks a row whose request failed in the engine (engines/openai.py).
+    """
+    if finish_reason and finish_reason.startswith("error:"):
+        return Parsed(None, "engine: " + finish_reason[len("error: ") :])
     if finish_reason == "length":
         return Parsed(None, f"parse: output hit max_tokens before the JSON ended: {text[:_ERR_MAX]!r}")
     stripped = text.strip()

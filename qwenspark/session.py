@@ -7,6 +7,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
+from qwenspark import resources
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import ConfigError
 
@@ -44,3 +45,4 @@ def check_spark_conf(spark: SparkSession, cfg: QwenSparkConfig) -> None:
         raise ConfigError(
             f"no JDBC driver jar in spark.jars: pass --jars {cfg.db.jdbc_jar} to spark-submit (db.jdbc_jar)"
         )
+    resources.check_gpu_conf(dict(conf.getAll()), cfg)

@@ -15,6 +15,10 @@ def build_engine(cfg: EngineConfig) -> Engine:
         from qwenspark.engines.vllm import VllmEngine
 
         return VllmEngine(cfg)
+    if cfg.kind == "openai":
+        from qwenspark.engines.openai import OpenAIEngine
+
+        return OpenAIEngine(cfg)
     from qwenspark.engines.transformers import TransformersEngine
 
     return TransformersEngine(cfg)

@@ -44,3 +44,20 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release the model and its memory."""
         ...
+
+
+@runtime_checkable
+class StreamingEngine(Engine, Protocol):
+    """An engine that takes requests one at a time and reports them as they finish (continuous batching)."""
+
+    def submit(self, conversation: Sequence[Message]) -> str:
+        """Queue one request; returns its id. Raises ValueError/TypeError if the engine refuses it."""
+        ...
+
+    def step(self) -> list[tuple[str, Completion]]:
+        """Advance the engine one step; the requests that finished in it."""
+        ...
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Drop requests (a task that ends early must not leave work behind in a cached engine)."""
+        ...

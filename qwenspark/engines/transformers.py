@@ -57,7 +57,7 @@ class TransformersEngine:
         prompts = [
             self._tok.apply_chat_template(list(c), tokenize=False, add_generation_prompt=True) for c in conversations
         ]
-        enc = self._tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = self._tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self._model.device)
         kwargs: dict[str, Any] = {
             "max_new_tokens": self._cfg.max_tokens,
             "pad_token_id": self._tok.pad_token_id,

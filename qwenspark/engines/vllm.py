@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Sequence
@@ -20,6 +21,16 @@ def apply_env(cfg: EngineConfig) -> None:
     # Spark's Python workers are forked daemons: a forked CUDA context is unusable, so vLLM must spawn.
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.update(cfg.env)
+
+
+def _completion(out: Any) -> Completion:
+    best = out.outputs[0]
+    return Completion(
+        text=best.text,
+        finish_reason=best.finish_reason,
+        tokens_in=len(out.prompt_token_ids or ()),
+        tokens_out=len(best.token_ids),
+    )
 
 
 def _client_errors() -> tuple[type[Exception], ...]:
@@ -63,6 +74,7 @@ class VllmEngine:
         self._llm = LLM(cfg.model, **{k: v for k, v in kwargs.items() if v is not None})
         self._tokenizer = self._llm.get_tokenizer()
         self._client_errors = _client_errors()
+        self._ids = itertools.count()
         self._params = SamplingParams(
             temperature=cfg.temperature,
             seed=cfg.seed,
@@ -86,24 +98,50 @@ class VllmEngine:
             outputs = self._llm.generate(prompts, self._params, use_tqdm=False)
         except self._client_errors as exc:
             raise RequestError(str(exc)) from exc
-        results = []
-        for out in outputs:
-            best = out.outputs[0]
-            results.append(
-                Completion(
-                    text=best.text,
-                    finish_reason=best.finish_reason,
-                    tokens_in=len(out.prompt_token_ids or ()),
-                    tokens_out=len(best.token_ids),
-                )
-            )
-        return results
+        return [_completion(out) for out in outputs]
+
+    def submit(self, conversation: Sequence[Message]) -> str:
+        # The engine under vllm.LLM: add requests and step it ourselves, so new requests join the running
+        # batch while older ones decode (LLM.generate would wait for its whole batch to finish).
+        request_id = str(next(self._ids))
+        try:
+            self._llm.llm_engine.add_request(request_id, self.render(conversation), self._params)
+        except self._client_errors as exc:
+            raise RequestError(str(exc)) from exc
+        return request_id
+
+    def step(self) -> list[tuple[str, Completion]]:
+        # vLLM reports the id we gave (newer releases add a random suffix internally only).
+        return [(out.request_id, _completion(out)) for out in self._llm.llm_engine.step() if out.finished]
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        self._llm.llm_engine.abort_request(list(request_ids))
 
     def close(self) -> None:
-        # Dropping the last reference lets vLLM shut its engine core down and free its memory.
-        engine = getattr(self, "_llm", None)
-        if engine is not None:
-            del self._llm
-            import gc
+        # Dropping the reference is not enough: the engine core (a separate process by default) holds the
+        # GPU memory until it is shut down. Measured on an H200: without this, memory stayed allocated.
+        llm = self.__dict__.pop("_llm", None)
+        if llm is None:
+            return
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
+        _release_process_memory()
 
-            gc.collect()
+
+def _release_process_memory() -> None:
+    import gc
+
+    gc.collect()
+    try:
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+    except (ImportError, AssertionError, RuntimeError):  # nothing was initialised in this process
+        pass
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

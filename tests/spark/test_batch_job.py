@@ -59,8 +59,9 @@ def test_batch_job_every_row_once_then_idempotent(
     # guided decoding: even random weights give schema-valid JSON for every real review
     assert first.rows_error == 2, [r for r in rows if r[2] and not r[2].startswith("empty")]
 
-    # the engine was loaded once per Python worker, never per task or batch
-    assert first.loads_per_worker and set(first.loads_per_worker.values()) == {1}
+    # the engine was loaded at most once per Python worker (earlier tests may have loaded it already:
+    # workers are reused across jobs), never per task or batch
+    assert set(first.loads_per_worker.values()) <= {1}
     assert len(first.loads_per_worker) <= 2 < first.engine_batches
     # batch sizes are the configured size except the last batch of a partition
     sizes = {int(k): v for k, v in first.batch_sizes.items()}

@@ -1,0 +1,284 @@
+"""GPU settings: driver-side refusals that name the setting, executor-side pinning, the discovery script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyspark import TaskContext
+from pyspark.resource import ResourceInformation
+
+from qwenspark import resources
+from qwenspark.config import EngineConfig, QwenSparkConfig, load_config
+from qwenspark.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "conf" / "getGpusResources.sh"
+
+CLUSTER = "spark://10.0.0.1:7077"
+GOOD = {
+    "spark.master": CLUSTER,
+    "spark.executor.resource.gpu.amount": "1",
+    "spark.task.resource.gpu.amount": "1",
+    "spark.python.worker.reuse": "true",
+}
+
+
+def cfg_with(*overrides: str) -> QwenSparkConfig:
+    return load_config(ROOT / "conf" / "local.yaml", list(overrides))
+
+
+def conf_with(**changes: str | None) -> dict[str, str]:
+    """GOOD with keys changed (dots as underscores: spark_task_resource_gpu_amount); None removes a key."""
+    conf = dict(GOOD)
+    for key, value in changes.items():
+        dotted = key.replace("_", ".")
+        if value is None:
+            conf.pop(dotted, None)
+        else:
+            conf[dotted] = value
+    return conf
+
+
+@pytest.fixture
+def task(monkeypatch: pytest.MonkeyPatch) -> TaskContext:
+    """A TaskContext as a Python worker has one (partition 3, no resources); the driver has none."""
+    ctx = object.__new__(TaskContext)
+    ctx._partitionId = 3
+    ctx._resources = {}
+    ctx._localProperties = {}
+    monkeypatch.setattr(TaskContext, "_taskContext", ctx)
+    return ctx
+
+
+# --- driver side: check_gpu_conf -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("device", "kind", "conf"),
+    [
+        ("cuda", "vllm", GOOD),
+        ("auto", "vllm", GOOD),
+        ("auto", "transformers", GOOD),
+        # Two GPUs per executor, both held by its one task: one engine with tensor parallelism 2.
+        ("cuda", "vllm", conf_with(spark_executor_resource_gpu_amount="2", spark_task_resource_gpu_amount="2")),
+        # No GPU settings at all: fine unless the config insists on cuda.
+        ("auto", "vllm", conf_with(spark_executor_resource_gpu_amount=None, spark_task_resource_gpu_amount=None)),
+        ("cpu", "vllm", conf_with(spark_executor_resource_gpu_amount=None, spark_task_resource_gpu_amount=None)),
+        # GPUs reserved but device=cpu: wasteful, not wrong (a warning).
+        ("cpu", "vllm", conf_with(spark_task_resource_gpu_amount="0.5")),
+        # Local mode: no executor settings needed; task i takes GPU i.
+        ("cuda", "vllm", {"spark.master": "local[2]"}),
+        ("cuda", "vllm", {"spark.master": "local"}),
+        ("cuda", "vllm", {"spark.master": "local[*]", "spark.executor.resource.gpu.amount": "1"}),
+        # A server engine holds no GPU in the executors: fractional amounts are the user's business.
+        ("auto", "openai", conf_with(spark_task_resource_gpu_amount="0.25")),
+    ],
+)
+def test_check_gpu_conf_accepts(device: str, kind: str, conf: dict[str, str]) -> None:
+    extra = ["engine.base_url=http://127.0.0.1:8000/v1"] if kind == "openai" else []
+    resources.check_gpu_conf(conf, cfg_with(f"engine.device={device}", f"engine.kind={kind}", *extra))
+
+
+@pytest.mark.parametrize(
+    ("device", "kind", "conf", "setting"),
+    [
+        # (a) the config asks for GPUs, the cluster gives executors none
+        ("cuda", "vllm", conf_with(spark_executor_resource_gpu_amount=None), "spark.executor.resource.gpu.amount"),
+        ("cuda", "vllm", conf_with(spark_executor_resource_gpu_amount="0"), "spark.executor.resource.gpu.amount"),
+        ("cuda", "vllm", {"spark.master": "yarn"}, "spark.executor.resource.gpu.amount"),
+        ("cuda", "vllm", {"spark.master": "local-cluster[2,1,1024]"}, "spark.executor.resource.gpu.amount"),
+        # (b) two tasks of one executor would each load an engine on its GPUs
+        ("auto", "vllm", conf_with(spark_executor_resource_gpu_amount="2"), "spark.task.resource.gpu.amount"),
+        ("cuda", "transformers", conf_with(spark_executor_resource_gpu_amount="4", spark_task_resource_gpu_amount="2"),
+         "spark.task.resource.gpu.amount"),
+        ("auto", "vllm", conf_with(spark_task_resource_gpu_amount=None), "spark.task.resource.gpu.amount"),
+        # (c) a fractional amount: two engines on one GPU
+        ("auto", "vllm", conf_with(spark_task_resource_gpu_amount="0.5"), "spark.task.resource.gpu.amount"),
+        ("cuda", "transformers", conf_with(spark_task_resource_gpu_amount="0.25"), "spark.task.resource.gpu.amount"),
+        # (d) no worker reuse: one model load per task
+        ("auto", "vllm", conf_with(spark_python_worker_reuse="false"), "spark.python.worker.reuse"),
+        ("cpu", "openai", conf_with(spark_python_worker_reuse="False"), "spark.python.worker.reuse"),
+        # local mode never schedules a task that asks for a GPU (it hangs: measured)
+        ("auto", "vllm", {"spark.master": "local[2]", "spark.task.resource.gpu.amount": "1"},
+         "spark.task.resource.gpu.amount"),
+        # garbage
+        ("auto", "vllm", conf_with(spark_task_resource_gpu_amount="one"), "spark.task.resource.gpu.amount"),
+    ],
+)
+def test_check_gpu_conf_refuses_naming_the_setting(device: str, kind: str, conf: dict[str, str], setting: str) -> None:
+    extra = ["engine.base_url=http://127.0.0.1:8000/v1"] if kind == "openai" else []
+    cfg = cfg_with(f"engine.device={device}", f"engine.kind={kind}", *extra)
+    with pytest.raises(ConfigError, match=setting.replace(".", r"\.")):
+        resources.check_gpu_conf(conf, cfg)
+
+
+def test_check_gpu_conf_is_driver_only(task: TaskContext) -> None:
+    with pytest.raises(RuntimeError, match="driver"):
+        resources.check_gpu_conf(GOOD, cfg_with())
+
+
+def test_driver_only_passes_on_the_driver() -> None:
+    assert TaskContext.get() is None
+    resources.driver_only()
+
+
+def test_device_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"engine\.device"):
+        cfg_with("engine.device=gpu")
+
+
+# --- executor side: task_gpu_addresses / pin_task_gpus ------------------------------------------------------
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    # pin_task_gpus writes os.environ: monkeypatch restores it after each test.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(resources, "visible_gpu_count", lambda: None)
+    return monkeypatch
+
+
+def engine(**update: object) -> EngineConfig:
+    return cfg_with().engine.model_copy(update=update)
+
+
+def test_pin_uses_the_task_resources_first(clean_env: pytest.MonkeyPatch, task: TaskContext) -> None:
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "5")  # inherited: Spark's assignment wins
+    task._resources = {"gpu": ResourceInformation("gpu", ["2", "3"])}
+    cfg, addresses = resources.pin_task_gpus(engine())
+    assert addresses == ["2", "3"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert cfg.tensor_parallel_size == 2
+
+
+def test_pin_keeps_an_explicit_tensor_parallel_size(clean_env: pytest.MonkeyPatch, task: TaskContext) -> None:
+    task._resources = {"gpu": ResourceInformation("gpu", ["0", "1"])}
+    cfg, _ = resources.pin_task_gpus(engine(tensor_parallel_size=1))
+    assert cfg.tensor_parallel_size == 1
+
+
+def test_pin_falls_back_to_cuda_visible_devices(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("CUDA_VISIBLE_DEVICES", "1, 4")
+    cfg, addresses = resources.pin_task_gpus(engine())
+    assert addresses == ["1", "4"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,4"
+    assert cfg.tensor_parallel_size == 2
+
+
+def test_pin_without_gpus_changes_nothing(clean_env: pytest.MonkeyPatch, task: TaskContext) -> None:
+    cfg, addresses = resources.pin_task_gpus(engine())
+    assert addresses == []
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    assert cfg.tensor_parallel_size == 1
+
+
+def test_pin_cuda_in_local_mode_takes_the_partition_id(clean_env: pytest.MonkeyPatch, task: TaskContext) -> None:
+    cfg, addresses = resources.pin_task_gpus(engine(device="cuda"))
+    assert addresses == ["3"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    assert cfg.tensor_parallel_size == 1
+    # Modulo the GPUs nvidia-smi lists: partition 3 on a 2-GPU host takes GPU 1.
+    clean_env.delenv("CUDA_VISIBLE_DEVICES")
+    clean_env.setattr(resources, "visible_gpu_count", lambda: 2)
+    assert resources.pin_task_gpus(engine(device="cuda"))[1] == ["1"]
+
+
+def test_pin_cuda_on_the_driver_finds_nothing(clean_env: pytest.MonkeyPatch) -> None:
+    assert resources.task_gpu_addresses("cuda") == []
+
+
+def test_pin_cpu_hides_the_gpus(clean_env: pytest.MonkeyPatch, task: TaskContext) -> None:
+    task._resources = {"gpu": ResourceInformation("gpu", ["0"])}
+    cfg, addresses = resources.pin_task_gpus(engine(device="cpu"))
+    assert addresses == []
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert cfg.tensor_parallel_size == 1
+
+
+def test_pin_with_addresses_patched(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setattr(resources, "task_gpu_addresses", lambda device="auto": ["7"])
+    cfg, addresses = resources.pin_task_gpus(engine())
+    assert (addresses, os.environ["CUDA_VISIBLE_DEVICES"], cfg.tensor_parallel_size) == (["7"], "7", 1)
+
+
+# --- the discovery script ---------------------------------------------------------------------------------
+
+
+def run_script(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "QWENSPARK_FAKE_GPUS"}
+    return subprocess.run([str(SCRIPT)], env={**base, **env}, capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_discovery_script_is_executable() -> None:
+    assert os.access(SCRIPT, os.X_OK)
+
+
+@pytest.mark.parametrize(("fake", "addresses"), [("0,1", ["0", "1"]), ("3", ["3"]), (" 0, 2 ", ["0", "2"]), ("", [])])
+def test_discovery_script_prints_fake_gpus_as_spark_expects(fake: str, addresses: list[str]) -> None:
+    out = run_script({"QWENSPARK_FAKE_GPUS": fake})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"name": "gpu", "addresses": addresses}
+
+
+def test_discovery_script_reads_nvidia_smi(tmp_path: Path) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\nprintf "0\\n1\\n2\\n"\n')
+    smi.chmod(0o755)
+    out = run_script({"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"name": "gpu", "addresses": ["0", "1", "2"]}
+
+
+def test_discovery_script_fails_without_nvidia_smi() -> None:
+    if any(Path(d, "nvidia-smi").exists() for d in ("/usr/bin", "/bin")):
+        pytest.skip("this host has nvidia-smi")
+    out = run_script({"PATH": "/usr/bin:/bin"})
+    # Spark must see a failure, not an empty GPU list: the message goes to stderr, nothing to stdout.
+    assert out.returncode != 0
+    assert "nvidia-smi not found" in out.stderr
+    assert out.stdout == ""
+
+
+def test_discovery_script_fails_when_nvidia_smi_fails(tmp_path: Path) -> None:
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "NVIDIA-SMI has failed" >&2\nexit 9\n')
+    smi.chmod(0o755)
+    out = run_script({"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    assert out.returncode != 0
+    assert "NVIDIA-SMI has failed" in out.stderr
+    assert out.stdout == ""
+
+
+def test_discovery_script_refuses_bad_fake_addresses() -> None:
+    out = run_script({"QWENSPARK_FAKE_GPUS": "0,x"})
+    assert out.returncode != 0
+    assert "QWENSPARK_FAKE_GPUS" in out.stderr
+
+
+# --- the shipped GPU cluster files agree with the checks ---------------------------------------------------
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """Spark's properties-file format as far as these files use it: `key value` lines, # comments."""
+    conf = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.strip().partition(" ")
+            conf[key] = value.strip()
+    return conf
+
+
+def test_cluster_gpu_files_pass_the_checks() -> None:
+    cfg = load_config(ROOT / "conf" / "cluster-gpu.yaml")
+    assert cfg.engine.device == "cuda"
+    assert cfg.spark.master is None
+    conf = read_properties(ROOT / "conf" / "spark-defaults-gpu.conf")
+    assert conf["spark.executor.resource.gpu.discoveryScript"].endswith("getGpusResources.sh")
+    resources.check_gpu_conf({**conf, "spark.master": "yarn"}, cfg)
+    # Without the GPU settings the same config is refused.
+    with pytest.raises(ConfigError, match=r"spark\.executor\.resource\.gpu\.amount"):
+        resources.check_gpu_conf({"spark.master": "yarn"}, cfg)
