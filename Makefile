@@ -33,7 +33,7 @@ $(VENV_OK): pyproject.toml
 	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev] (first time: about 2-3 min, 4.5 GB)"
 	@test -x $(PY) || python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install --progress-bar on -e ".[cpu,hf,dev]" | grep -E "^(Collecting|Installing|Successfully)" || true
+	@$(PY) -m pip install --progress-bar on -e ".[cpu,hf,dev,delta]" | grep -E "^(Collecting|Installing|Successfully)" || true
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside CPU torch.
 	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@$(PY) -c "import vllm, pyspark; print('[venv] vllm', vllm.__version__, '/ pyspark', pyspark.__version__)"
@@ -62,15 +62,15 @@ sql: db
 
 lint: venv
 	@echo "[lint] ruff + mypy"
-	@.venv/bin/ruff check qwenspark tests bench jobs
+	@.venv/bin/ruff check qwenspark tests bench jobs dags
 	@.venv/bin/mypy qwenspark
 
 test: deps venv lint
-	@echo "[test] pytest (starts a MariaDB on 127.0.0.1:13399 and local Spark; fetches the default model once)"
+	@echo "[test] pytest (starts its own MariaDB on a free 127.0.0.1 port, local Spark, Airflow in .venv-airflow; fetches the default model once)"
 	@.venv/bin/python -m pytest -q tests
 
 bench: deps venv
 	@$(PY) bench/bench_jdbc.py
 
 clean: db-stop
-	rm -rf .run .cache/vllm .cache/torchinductor spark-warehouse metastore_db
+	rm -rf .run .venv-airflow .cache/vllm .cache/torchinductor spark-warehouse metastore_db

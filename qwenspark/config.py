@@ -208,6 +208,21 @@ class SparkConfig(_Section):
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
 
 
+class DeltaConfig(_Section):
+    """An optional Delta Lake copy of each run's results, appended once per run (idempotent on replay)."""
+
+    enabled: bool = Field(False, description="After a run commits in MySQL, append its result rows to a Delta table.")
+    path: str = Field(".run/delta/review_sentiment", description="Delta table location (folder or object-store URI).")
+    writer: Literal["deltalake", "spark"] = Field(
+        "deltalake",
+        description="deltalake: delta-rs from the driver (extra `delta`); "
+        "spark: df.write.format('delta') (needs delta-spark jars on the classpath).",
+    )
+    app_id: str = Field(
+        "qwenspark-batch", description="Delta app transaction id; the run's version under it makes replays no-ops."
+    )
+
+
 class QwenSparkConfig(_Section):
     """The whole configuration of a qwenspark job."""
 
@@ -219,6 +234,7 @@ class QwenSparkConfig(_Section):
     sink: SinkConfig = Field(default_factory=SinkConfig, description="Output tables.")
     job: JobConfig = Field(default_factory=JobConfig, description="Incremental behaviour.")
     spark: SparkConfig = Field(default_factory=SparkConfig, description="Spark settings.")
+    delta: DeltaConfig = Field(default_factory=DeltaConfig, description="Optional Delta Lake copy of the results.")
 
     def config_hash(self) -> str:
         """Hash of everything that shapes results (recorded in job_runs); holds no secret."""

@@ -16,7 +16,7 @@ from qwenspark.analyze import AnalyzeSpec, CounterParam, Metrics, make_analyze_f
 from qwenspark.clean import clean, skip_done
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import SinkError
-from qwenspark.io import jdbc, mysql
+from qwenspark.io import delta, jdbc, mysql
 from qwenspark.schemas import RESULT_SCHEMA
 from qwenspark.session import check_spark_conf
 
@@ -140,6 +140,9 @@ def _run(spark: SparkSession, cfg: QwenSparkConfig, summary: RunSummary, started
             summary.engine_loads = sum(summary.loads_per_worker.values())
             summary.engine_batches = sum(summary.batch_sizes.values())
         _commit(cfg, summary, started)
+        if cfg.delta.enabled and summary.rows_analysed:
+            # After the commit, from what MySQL holds; a Delta failure never fails a committed run.
+            delta.copy_after_commit(cfg, summary.run_id)
     finally:
         if todo is not None:
             todo.unpersist()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DEV_CSV = ROOT.parent / "shared" / "data" / "hotel_reviews" / "reviews_dev.csv"
 CACHE = Path(os.environ.get("QWENSPARK_CACHE", ROOT / ".cache"))
-DB_PORT = 13399
+
+
+def _free_port() -> int:
+    # A port of our own: two test runs on one machine (or a developer's demo DB) must not collide.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+DB_PORT = _free_port()
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -31,7 +41,7 @@ def dev_reviews() -> pd.DataFrame:
 
 @pytest.fixture(scope="session")
 def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
-    """A MariaDB server for this test session only, on 127.0.0.1:13399; stopped at the end."""
+    """A MariaDB server for this test session only, on a free 127.0.0.1 port; stopped at the end."""
     if shutil.which("mariadbd") is None:
         pytest.fail("mariadbd is not installed: run `make deps`")
     folder = tmp_path_factory.mktemp("mariadb")

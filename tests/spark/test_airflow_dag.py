@@ -1,0 +1,131 @@
+"""The nightly DAG through real Airflow (`scripts/airflow-test.sh` -> `airflow dags test` -> SparkSubmitOperator
+-> spark-submit jobs/hotel_sentiment.py) against the test MariaDB and the tiny model.
+
+Airflow lives in its own venv (.venv-airflow, created by the script on first use: about 1-2 min); each DAG run
+then costs about 40-60 s (Airflow start, spark-submit, the tiny model's load).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from qwenspark.config import QwenSparkConfig
+from tests.spark.conftest import load_reviews, query, reset_tables
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.engine,
+    pytest.mark.skipif(
+        os.environ.get("QWENSPARK_SKIP_AIRFLOW") == "1",
+        reason="QWENSPARK_SKIP_AIRFLOW=1: the Airflow DAG test is switched off (it installs .venv-airflow)",
+    ),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "airflow-test.sh"
+DAG_ID = "qwenspark_hotel_sentiment_nightly"
+# `airflow dags test DAG D` runs a *manual* run, whose inferred data interval is the day that ends at D:
+# logical date 2026-11-03 -> [2026-11-02, 2026-11-03), the middle day of the data below, so that both
+# bounds are tested. (A scheduled/backfill run with logical date 2026-11-02 covers the same day.)
+LOGICAL_DATE = "2026-11-03"
+DAY = "2026-11-02"
+TABLES = ("review_sentiment", "hotel_sentiment_daily", "aspect_sentiment")
+# Created-at times over three days; the ones on the interval's edges check that it is half-open.
+TIMES = [
+    "2026-11-01 08:00:00", "2026-11-01 15:30:00", "2026-11-01 23:00:00", "2026-11-01 23:59:59",
+    "2026-11-02 00:00:00", "2026-11-02 09:15:00", "2026-11-02 18:40:00", "2026-11-02 23:59:59",
+    "2026-11-03 00:00:00", "2026-11-03 07:00:00", "2026-11-03 12:00:00", "2026-11-03 21:30:00",
+]  # fmt: skip
+
+
+def _reviews(dev: pd.DataFrame) -> pd.DataFrame:
+    """12 real dev reviews (zh and en alternating), four per day from 2026-11-01 to 2026-11-03."""
+    zh, en = dev[dev.lang == "zh"].head(6), dev[dev.lang == "en"].head(6)
+    texts, langs = [], []
+    for z, e in zip(zh.text, en.text, strict=True):
+        texts += [z, e]
+        langs += ["zh", "en"]
+    return pd.DataFrame(
+        {
+            "review_id": range(1, len(TIMES) + 1),
+            "hotel_id": [f"H{i % 2}" for i in range(len(TIMES))],
+            "created_at": TIMES,
+            "lang": langs,
+            "rating": [""] * len(TIMES),
+            "text": texts,
+        }
+    )
+
+
+def _write_config(cfg: QwenSparkConfig, path: Path) -> Path:
+    """The test config as YAML for the job under spark-submit; the password stays in db.password_file."""
+    assert cfg.db.password_file is not None, "the job must find the password in db.password_file"
+    text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    assert cfg.db.password().get_secret_value() not in text
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _run_dag(config: Path, airflow_home: Path) -> str:
+    """scripts/airflow-test.sh for LOGICAL_DATE; its whole output (the task log included) on success."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "QWENSPARK_DB_PASSWORD"))}
+    env.update(QWENSPARK_CONFIG=str(config), AIRFLOW_HOME=str(airflow_home))
+    # 15 min: enough for creating .venv-airflow on a first run plus one DAG run on a busy machine.
+    done = subprocess.run(
+        [str(SCRIPT), LOGICAL_DATE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"airflow-test.sh failed ({done.returncode}):\n{output[-6000:]}"
+    return output
+
+
+def _snapshot(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
+    return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2") for t in TABLES}
+
+
+def test_nightly_dag_processes_its_day_once_then_replays_idempotently(
+    tiny_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
+) -> None:
+    reset_tables(tiny_cfg)
+    reviews = _reviews(dev_reviews)
+    load_reviews(tiny_cfg, reviews, tmp_path)
+    config = _write_config(tiny_cfg, tmp_path / "airflow-test.yaml")
+    # One Airflow home per test run: a fresh SQLite DB, so the dag_run rows below are this test's only.
+    airflow_home = tmp_path / "airflow"
+    expected = sorted(int(r) for r in reviews.review_id[reviews.created_at.str.startswith(DAY)])
+    assert expected == [5, 6, 7, 8]
+
+    output = _run_dag(config, airflow_home)
+    password = tiny_cfg.db.password().get_secret_value()
+    assert password not in output, "the DB password must never reach Airflow's logs or the spark-submit command"
+
+    # Airflow's own record of the interval it handed to the job.
+    with sqlite3.connect(airflow_home / "airflow.db") as db:
+        runs = db.execute(
+            "SELECT state, data_interval_start, data_interval_end FROM dag_run WHERE dag_id = ?", (DAG_ID,)
+        ).fetchall()
+    assert len(runs) == 1 and runs[0][0] == "success", runs
+    assert str(runs[0][1]).startswith("2026-11-02 00:00:00") and str(runs[0][2]).startswith("2026-11-03 00:00:00")
+
+    ids = [r[0] for r in query(tiny_cfg, "SELECT review_id FROM review_sentiment ORDER BY review_id")]
+    assert ids == expected, "only the reviews created in [11-02 00:00, 11-03 00:00), once each"
+    first = query(tiny_cfg, "SELECT status, rows_selected, rows_analysed, rows_changed FROM job_runs")
+    assert [tuple(r) for r in first] == [("succeeded", 4, 4, 4)]
+    days = query(tiny_cfg, "SELECT DISTINCT day FROM hotel_sentiment_daily")
+    assert [str(d[0]) for d in days] == [DAY]
+
+    before = _snapshot(tiny_cfg)
+    _run_dag(config, airflow_home)
+    runs2 = query(
+        tiny_cfg,
+        "SELECT status, rows_selected, rows_analysed, rows_skipped, rows_changed FROM job_runs ORDER BY started_at",
+    )
+    assert len(runs2) == 2 and tuple(runs2[1]) == ("succeeded", 4, 0, 4, 0), runs2
+    assert _snapshot(tiny_cfg) == before, "the replayed day leaves the result tables identical"
