@@ -38,11 +38,10 @@ def spark_session(cfg: QwenSparkConfig) -> SparkSession:
 def check_spark_conf(spark: SparkSession, cfg: QwenSparkConfig) -> None:
     """Refuse to start with settings that would silently reload the model per task or miss the driver."""
     conf = spark.sparkContext.getConf()
-    if conf.get("spark.python.worker.reuse", "true").lower() != "true":
-        raise ConfigError("spark.python.worker.reuse=false: every task would load the model again; set it to true")
     jars = " ".join(conf.get(k, "") for k in ("spark.jars", "spark.driver.extraClassPath"))
     if "mariadb" not in jars and "mysql" not in jars:
         raise ConfigError(
             f"no JDBC driver jar in spark.jars: pass --jars {cfg.db.jdbc_jar} to spark-submit (db.jdbc_jar)"
         )
+    # Also refuses spark.python.worker.reuse=false (the model would reload per task).
     resources.check_gpu_conf(dict(conf.getAll()), cfg)

@@ -27,6 +27,16 @@ def _free_port() -> int:
 
 DB_PORT = _free_port()
 
+# Short reviews, zh and en, for the engine tests.
+SAMPLE_REVIEWS = [
+    ("房间干净，服务热情，下次还来。", "zh"),
+    ("the pool was closed and nobody told us. breakfast ok", "en"),
+    ("隔音太差了，一晚上没睡好😡", "zh"),
+    ("Great value for money, tiny bathroom though.", "en"),
+    ("一般般吧", "zh"),
+    ("Staff were rude at check-in but the room was spotless and quiet.", "en"),
+]
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 

@@ -10,17 +10,11 @@ from qwenspark.config import EngineConfig
 from qwenspark.engines import build_engine
 from qwenspark.parse import parse_completion
 from qwenspark.prompts import get_template
+from tests.conftest import SAMPLE_REVIEWS
 
 pytestmark = pytest.mark.engine
 
-REVIEWS = [
-    ("房间干净，服务热情，下次还来。", "zh"),
-    ("the pool was closed and nobody told us. breakfast ok", "en"),
-    ("隔音太差了，一晚上没睡好😡", "zh"),
-    ("Great value for money, tiny bathroom though.", "en"),
-    ("一般般吧", "zh"),
-    ("", "en"),
-]
+REVIEWS = [*SAMPLE_REVIEWS, ("", "en")]
 
 
 @pytest.mark.parametrize("kind", ["vllm", "transformers"])

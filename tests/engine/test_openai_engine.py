@@ -26,6 +26,7 @@ from qwenspark.engines.openai import OpenAIEngine, _retry_after_s
 from qwenspark.errors import ConfigError
 from qwenspark.parse import json_schema, parse_completion
 from qwenspark.prompts import get_template
+from tests.conftest import SAMPLE_REVIEWS
 
 ANSWER = '{"sentiment":"positive","summary":"Clean room.","aspects":[{"aspect":"room","sentiment":"positive"}]}'
 OK_BODY = {
@@ -334,14 +335,7 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-REVIEWS = [
-    ("房间干净，服务热情，下次还来。", "zh"),
-    ("the pool was closed and nobody told us. breakfast ok", "en"),
-    ("隔音太差了，一晚上没睡好😡", "zh"),
-    ("Great value for money, tiny bathroom though.", "en"),
-    ("一般般吧", "zh"),
-    ("Staff were rude at check-in but the room was spotless and quiet.", "en"),
-]
+REVIEWS = SAMPLE_REVIEWS
 
 
 @pytest.mark.engine

@@ -54,3 +54,11 @@ def query(cfg: QwenSparkConfig, sql: str) -> list[tuple[object, ...]]:
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(sql)
         return list(cur.fetchall())
+
+
+RESULT_TABLES = ("review_sentiment", "hotel_sentiment_daily", "aspect_sentiment")
+
+
+def snapshot(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of the result tables, in key order (to compare two runs)."""
+    return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2") for t in RESULT_TABLES}

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from qwenspark.config import QwenSparkConfig
-from tests.spark.conftest import load_reviews, query, reset_tables
+from tests.spark.conftest import load_reviews, query, reset_tables, snapshot
 
 pytestmark = [
     pytest.mark.spark,
@@ -36,7 +36,6 @@ DAG_ID = "qwenspark_hotel_sentiment_nightly"
 # bounds are tested. (A scheduled/backfill run with logical date 2026-11-02 covers the same day.)
 LOGICAL_DATE = "2026-11-03"
 DAY = "2026-11-02"
-TABLES = ("review_sentiment", "hotel_sentiment_daily", "aspect_sentiment")
 # Created-at times over three days; the ones on the interval's edges check that it is half-open.
 TIMES = [
     "2026-11-01 08:00:00", "2026-11-01 15:30:00", "2026-11-01 23:00:00", "2026-11-01 23:59:59",
@@ -86,10 +85,6 @@ def _run_dag(config: Path, airflow_home: Path) -> str:
     return output
 
 
-def _snapshot(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
-    return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2") for t in TABLES}
-
-
 def test_nightly_dag_processes_its_day_once_then_replays_idempotently(
     tiny_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
 ) -> None:
@@ -121,11 +116,11 @@ def test_nightly_dag_processes_its_day_once_then_replays_idempotently(
     days = query(tiny_cfg, "SELECT DISTINCT day FROM hotel_sentiment_daily")
     assert [str(d[0]) for d in days] == [DAY]
 
-    before = _snapshot(tiny_cfg)
+    before = snapshot(tiny_cfg)
     _run_dag(config, airflow_home)
     runs2 = query(
         tiny_cfg,
         "SELECT status, rows_selected, rows_analysed, rows_skipped, rows_changed FROM job_runs ORDER BY started_at",
     )
     assert len(runs2) == 2 and tuple(runs2[1]) == ("succeeded", 4, 0, 4, 0), runs2
-    assert _snapshot(tiny_cfg) == before, "the replayed day leaves the result tables identical"
+    assert snapshot(tiny_cfg) == before, "the replayed day leaves the result tables identical"

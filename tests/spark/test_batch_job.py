@@ -10,11 +10,10 @@ from pyspark.sql import SparkSession
 
 from qwenspark.config import QwenSparkConfig
 from qwenspark.pipeline import run_batch
-from tests.spark.conftest import load_reviews, query, reset_tables
+from tests.spark.conftest import load_reviews, query, reset_tables, snapshot
 
 pytestmark = [pytest.mark.spark, pytest.mark.engine]
 
-TABLES = ("review_sentiment", "hotel_sentiment_daily", "aspect_sentiment")
 
 
 def _reviews(dev: pd.DataFrame, n: int = 40) -> pd.DataFrame:
@@ -33,10 +32,6 @@ def _reviews(dev: pd.DataFrame, n: int = 40) -> pd.DataFrame:
             "text": texts,
         }
     )
-
-
-def _snapshot(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
-    return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2") for t in TABLES}
 
 
 def test_batch_job_every_row_once_then_idempotent(
@@ -74,10 +69,10 @@ def test_batch_job_every_row_once_then_idempotent(
     assert query(tiny_cfg, "SELECT COALESCE(SUM(mentions), 0) FROM aspect_sentiment")[0][0] == mentions
     assert query(tiny_cfg, "SELECT COUNT(*) FROM review_sentiment_stage")[0][0] == 0
 
-    before = _snapshot(tiny_cfg)
+    before = snapshot(tiny_cfg)
     second = run_batch(spark, tiny_cfg)
     assert (second.status, second.rows_analysed, second.rows_skipped, second.rows_changed) == ("succeeded", 0, n, 0)
-    assert _snapshot(tiny_cfg) == before, "a second run leaves the result tables identical"
+    assert snapshot(tiny_cfg) == before, "a second run leaves the result tables identical"
 
     # reprocessing everything with the same greedy model changes only bookkeeping columns
     third = run_batch(spark, tiny_cfg.model_copy(update={"job": tiny_cfg.job.model_copy(update={"reprocess": True})}))
