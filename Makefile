@@ -11,10 +11,11 @@ JAR     := /usr/share/java/mariadb-java-client.jar
 NOISE   := ^\(|^\[W|^WARNING|^Using Spark|^Setting default|^To adjust|^[0-9/]+ [0-9:]+ (WARN|INFO)|Warning|warn\(|wrapper = |if hasattr|^Loading safetensors|^$$|^Triton
 APT_PKGS := mariadb-server mariadb-client libmariadb-java
 
-.PHONY: demo test deps venv db db-stop model lint sql bench clean help
+.PHONY: demo stream test deps venv db db-stop model lint sql bench clean help
 
 help:
 	@echo "make demo   - run the batch job on the demo reviews (installs and starts what it needs)"
+	@echo "make stream - run the streaming job on the demo database (Ctrl-C stops it; a restart resumes)"
 	@echo "make test   - lint, type-check and run the tests"
 	@echo "make sql Q='SELECT ...' - query the demo database;  make db-stop - stop it"
 
@@ -56,6 +57,15 @@ demo: deps venv db model
 	@set -o pipefail; .venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
 	  --conf spark.ui.showConsoleProgress=false --driver-java-options -Duser.timezone=UTC jobs/hotel_sentiment.py --config conf/local.yaml \
 	  2>&1 | tee .run/demo-job.log | grep --line-buffered -vE '$(NOISE)'
+
+stream: deps venv db model
+	@.venv/bin/qwenspark -q init-db --config conf/local.yaml >/dev/null
+	@echo "[stream] streaming job on the demo database: new rows of hotel_reviews are analysed as they land"
+	@echo "[stream] try, in another shell: make sql Q=\"INSERT INTO hotel_reviews VALUES (900001, 'H01', UTC_TIMESTAMP(), 'en', 5, 'Lovely staff, noisy street.')\""
+	@echo "[stream] Ctrl-C stops it; a restart resumes from .run/checkpoints (full log: .run/stream-job.log)"
+	@set -o pipefail; .venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
+	  --conf spark.ui.showConsoleProgress=false --driver-java-options -Duser.timezone=UTC jobs/hotel_sentiment_stream.py \
+	  --config conf/local.yaml 2>&1 | tee .run/stream-job.log | grep --line-buffered -vE '$(NOISE)'
 
 sql: db
 	@mariadb --no-defaults --socket=.run/mariadb/mysqld.sock -uroot qwenspark --table -e "$(Q)"

@@ -1,4 +1,4 @@
-"""`qwenspark batch|eval|init-db|load-reviews|fetch-model`: the command line, main(argv=None) -> int."""
+"""`qwenspark batch|stream|eval|init-db|load-reviews|fetch-model`: the command line, main(argv=None) -> int."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
     sub = parser.add_subparsers(dest="command", required=True)
     _config_args(sub.add_parser("batch", help="analyse new or changed reviews and upsert the results"))
+    _config_args(sub.add_parser("stream", help="analyse new reviews as they arrive (Structured Streaming)"))
     ev = sub.add_parser("eval", help="run the pipeline on a labelled CSV and print quality and speed")
     _config_args(ev)
     ev.add_argument("--input", required=True, type=Path, help="CSV with source_id, lang, text, rating, label")
@@ -75,6 +76,22 @@ def _batch(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     print_summary(cfg, summary)
+    return 0
+
+
+def _stream(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark.pipeline import prepare_model
+    from qwenspark.report import print_stream
+    from qwenspark.session import spark_session
+    from qwenspark.stream import run_stream
+
+    cfg = prepare_model(cfg)
+    spark = spark_session(cfg)
+    try:
+        report = run_stream(spark, cfg)
+    finally:
+        spark.stop()
+    print_stream(cfg, report)
     return 0
 
 
@@ -123,6 +140,7 @@ def _fetch_model(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
 
 _COMMANDS = {
     "batch": _batch,
+    "stream": _stream,
     "eval": _eval,
     "init-db": _init_db,
     "load-reviews": _load_reviews,

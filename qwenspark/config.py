@@ -223,6 +223,63 @@ class DeltaConfig(_Section):
     )
 
 
+class StreamConfig(_Section):
+    """The Structured Streaming job: source, micro-batch bounds, trigger, checkpoint, engine keepalive."""
+
+    query_name: str = Field(
+        "hotel_sentiment_stream",
+        pattern=r"^[A-Za-z0-9_]{1,24}$",
+        description="Streaming query name (job_runs.job is stream:<name>).",
+    )
+    source: Literal["mysql", "files"] = Field(
+        "mysql", description="mysql: new rows of source.table by review_id; files: a landing folder of review files."
+    )
+    checkpoint_location: str = Field(
+        ".run/checkpoints/hotel_sentiment_stream",
+        description="Spark checkpoint folder (a new folder is a new query: batch ids restart under a new query id).",
+    )
+    trigger_seconds: float = Field(10.0, gt=0.0, description="Processing-time trigger interval, seconds.")
+    available_now: bool = Field(
+        False,
+        description="Process what is there now in bounded micro-batches, stop once a trigger finds nothing new "
+        "(catch-up runs, tests).",
+    )
+    max_rows_per_batch: int = Field(512, ge=1, description="mysql source: most reviews per micro-batch.")
+    read_partitions: int = Field(
+        1,
+        ge=1,
+        description="mysql source: read tasks per micro-batch (review_id ranges). They run in Python workers: "
+        "more of them at once than analysis tasks per executor start extra workers, which may load extra engines.",
+    )
+    start_after_id: int | Literal["latest"] | None = Field(
+        None,
+        description="mysql source, new checkpoint only: start after this review_id (None: from the first review; "
+        "latest: only reviews inserted from now on).",
+    )
+    gap_wait_seconds: float = Field(
+        5.0,
+        ge=0.0,
+        description="mysql source: hold the offset before a gap in review_ids this long, so rows of a transaction "
+        "that commits late are not passed over (0: ids are committed in order).",
+    )
+    files_path: str = Field(".run/landing/reviews", description="files source: landing folder.")
+    files_format: Literal["json", "csv", "parquet"] = Field(
+        "json",
+        description="files source: json (one object per line, fields by name), parquet, or csv (a header row, "
+        "columns in the order review_id, hotel_id, created_at, lang, rating, text: another header fails the batch).",
+    )
+    max_files_per_trigger: int = Field(10, ge=1, description="files source: most new files per micro-batch.")
+    keepalive_seconds: float = Field(
+        20.0,
+        ge=0.0,
+        description="While idle, touch the executors' Python workers this often so Spark (which ends workers idle "
+        "for 60 s) keeps the loaded engine (0: off).",
+    )
+    batch_retries: int = Field(
+        2, ge=0, description="Retries of a failed micro-batch (e.g. a database restart) before the query fails."
+    )
+
+
 class QwenSparkConfig(_Section):
     """The whole configuration of a qwenspark job."""
 
@@ -235,10 +292,11 @@ class QwenSparkConfig(_Section):
     job: JobConfig = Field(default_factory=JobConfig, description="Incremental behaviour.")
     spark: SparkConfig = Field(default_factory=SparkConfig, description="Spark settings.")
     delta: DeltaConfig = Field(default_factory=DeltaConfig, description="Optional Delta Lake copy of the results.")
+    stream: StreamConfig = Field(default_factory=StreamConfig, description="Structured Streaming job.")
 
     def config_hash(self) -> str:
         """Hash of everything that shapes results (recorded in job_runs); holds no secret."""
-        payload = self.model_dump(mode="json", exclude={"spark": True, "db": {"password_file"}})
+        payload = self.model_dump(mode="json", exclude={"spark": True, "stream": True, "db": {"password_file"}})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

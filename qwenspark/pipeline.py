@@ -1,10 +1,11 @@
-"""Driver side of the batch job: read -> clean -> skip current -> mapInPandas -> stage -> one transaction."""
+"""Driver side of one run: select -> clean -> skip current -> mapInPandas -> stage -> one transaction."""
 
 from __future__ import annotations
 
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +18,7 @@ from qwenspark.clean import clean, skip_done
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import SinkError
 from qwenspark.io import delta, jdbc, mysql
+from qwenspark.io.mysql import Connection
 from qwenspark.schemas import RESULT_SCHEMA
 from qwenspark.session import check_spark_conf
 
@@ -85,9 +87,40 @@ def analyse(df: DataFrame, cfg: QwenSparkConfig, metrics: Metrics | None = None)
     return df.repartition(parts).mapInPandas(make_analyze_fn(spec, metrics), RESULT_SCHEMA)
 
 
+@dataclass
+class Selection:
+    """The reviews a run covers: a DataFrame in INPUT_SCHEMA's columns and its review_id range."""
+
+    reviews: DataFrame | None
+    lo: int
+    hi: int
+    rows: int
+
+
+# Called inside the run's transaction, after the upsert and before COMMIT (the stream records its batch).
+CommitHook = Callable[[Connection, "RunSummary"], None]
+
+
 def run_batch(spark: SparkSession, cfg: QwenSparkConfig, job: str = "batch") -> RunSummary:
-    """One run of the batch job; raises after marking the run failed if anything goes wrong."""
+    """One run of the batch job over the configured source rows."""
     check_spark_conf(spark, cfg)
+
+    def select() -> Selection:
+        # Read once, so the run's range is fixed at its start (rows inserted meanwhile wait for the next run).
+        lo, hi, rows = jdbc.id_bounds(cfg)
+        return Selection(jdbc.read_reviews(spark, cfg, lo, hi) if rows else None, lo, hi, rows)
+
+    return run_tracked(spark, cfg, job, select)
+
+
+def run_tracked(
+    spark: SparkSession,
+    cfg: QwenSparkConfig,
+    job: str,
+    select: Callable[[], Selection],
+    on_commit: CommitHook | None = None,
+) -> RunSummary:
+    """A job_runs-tracked run over select()'s rows; raises after marking the run failed if anything goes wrong."""
     started = time.perf_counter()
     summary = RunSummary(run_id=str(uuid.uuid4()))
     mysql.ensure_schema(cfg.db)
@@ -105,7 +138,7 @@ def run_batch(spark: SparkSession, cfg: QwenSparkConfig, job: str = "batch") -> 
     )
     log.info("run %s started (config %s)", summary.run_id, cfg.config_hash())
     try:
-        _run(spark, cfg, summary, started)
+        _run(spark, cfg, summary, started, sel=select(), on_commit=on_commit)
     except BaseException as exc:
         summary.status = "failed"
         summary.seconds_total = time.perf_counter() - started
@@ -114,17 +147,24 @@ def run_batch(spark: SparkSession, cfg: QwenSparkConfig, job: str = "batch") -> 
     return summary
 
 
-def _run(spark: SparkSession, cfg: QwenSparkConfig, summary: RunSummary, started: float) -> None:
-    lo, hi, selected = jdbc.id_bounds(cfg)
-    summary.rows_selected = selected
+def _run(
+    spark: SparkSession,
+    cfg: QwenSparkConfig,
+    summary: RunSummary,
+    started: float,
+    *,
+    sel: Selection,
+    on_commit: CommitHook | None,
+) -> None:
+    summary.rows_selected = sel.rows
     todo = None
-    if selected:
-        cleaned = clean(jdbc.read_reviews(spark, cfg, lo, hi), cfg)
-        todo = skip_done(cleaned, jdbc.read_done(spark, cfg, lo, hi), cfg).persist()
+    if sel.rows and sel.reviews is not None:
+        cleaned = clean(sel.reviews, cfg)
+        todo = skip_done(cleaned, jdbc.read_done(spark, cfg, sel.lo, sel.hi), cfg).persist()
         summary.rows_analysed = todo.count()
-    summary.rows_skipped = selected - summary.rows_analysed
+    summary.rows_skipped = sel.rows - summary.rows_analysed
     log.info(
-        "%d reviews selected, %d already current, %d to analyse", selected, summary.rows_skipped, summary.rows_analysed
+        "%d reviews selected, %d already current, %d to analyse", sel.rows, summary.rows_skipped, summary.rows_analysed
     )
     try:
         if todo is not None and summary.rows_analysed:
@@ -139,7 +179,7 @@ def _run(spark: SparkSession, cfg: QwenSparkConfig, summary: RunSummary, started
             summary.batch_sizes = dict(metrics.batch_sizes.value)
             summary.engine_loads = sum(summary.loads_per_worker.values())
             summary.engine_batches = sum(summary.batch_sizes.values())
-        _commit(cfg, summary, started)
+        _commit(cfg, summary, started, on_commit)
         if cfg.delta.enabled and summary.rows_analysed:
             # After the commit, from what MySQL holds; a Delta failure never fails a committed run.
             delta.copy_after_commit(cfg, summary.run_id)
@@ -148,8 +188,8 @@ def _run(spark: SparkSession, cfg: QwenSparkConfig, summary: RunSummary, started
             todo.unpersist()
 
 
-def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float) -> None:
-    """Reconcile counts, then upsert + bookkeeping in one transaction."""
+def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float, on_commit: CommitHook | None) -> None:
+    """Reconcile counts, then upsert + bookkeeping (+ the caller's hook) in one transaction."""
     with mysql.connect(cfg.db) as conn:
         rows, distinct = mysql.stage_counts(conn, summary.run_id)
         if rows != summary.rows_analysed or distinct != rows:
@@ -170,6 +210,8 @@ def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float) -> None:
         summary.status = "succeeded"
         summary.seconds_total = time.perf_counter() - started
         mysql.update_run(conn, summary.run_id, {**summary.job_runs_fields(), "finished_at": _now()})
+        if on_commit is not None:
+            on_commit(conn, summary)
         conn.commit()
     log.info(
         "run %s committed: %d analysed (%d ok, %d errors), %d rows changed",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from qwenspark.config import QwenSparkConfig
 from qwenspark.evaluate import EvalReport
 from qwenspark.pipeline import RunSummary
+from qwenspark.stream import StreamReport
 
 
 def print_summary(cfg: QwenSparkConfig, s: RunSummary) -> None:
@@ -28,6 +29,21 @@ Results: MySQL {db.host}:{db.port}, database {db.database}
   views   v_sentiment_mix, v_sentiment_trend_daily, v_hotel_sentiment, v_aspect_sentiment
   try     make sql Q="SELECT * FROM v_hotel_sentiment"
           make sql Q="SELECT review_id, sentiment, summary FROM review_sentiment LIMIT 10"
+"""
+    )
+
+
+def print_stream(cfg: QwenSparkConfig, r: StreamReport) -> None:
+    """What the streaming query did while this driver ran it."""
+    st = cfg.stream
+    print(
+        f"""
+qwenspark stream {st.query_name} (query id {r.query_id}, source {st.source}, checkpoint {st.checkpoint_location})
+  micro-batches committed  {r.batches_committed}  (+{r.batches_replayed} replays found committed and skipped)
+  rows in                  {r.rows_in}  ({r.rows_analysed} analysed, {r.rows_rejected} rejected: see stream_rejects)
+  engine loads             {r.engine_loads}  (keepalive probes while idle: {r.keepalive_probes})
+  runs abandoned earlier   {r.runs_abandoned}  (replayed)
+  ledger                   make sql Q="SELECT * FROM stream_commits ORDER BY committed_at DESC LIMIT 10"
 """
     )
 

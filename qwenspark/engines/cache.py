@@ -10,8 +10,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from qwenspark.config import EngineConfig
@@ -54,3 +54,12 @@ def clear() -> None:
         for engine in _engines.values():
             engine.close()
         _engines.clear()
+
+
+def probe_workers(frames: Iterator[Any]) -> Iterator[Any]:
+    """mapInPandas body of the streaming keepalive: marks the Python worker busy, reports its pid and engines."""
+    import pandas as pd
+
+    for _ in frames:
+        pass
+    yield pd.DataFrame({"pid": [os.getpid()], "engines": [len(_engines)]})

@@ -12,6 +12,7 @@ from typing import Any
 
 import mysql.connector
 from mysql.connector.constants import ClientFlag
+from pydantic import SecretStr
 
 from qwenspark.config import DbConfig
 from qwenspark.errors import SinkError, SourceError
@@ -33,13 +34,13 @@ def statements(script: str) -> list[str]:
 
 
 @contextmanager
-def connect(db: DbConfig, *, autocommit: bool = False) -> Iterator[Connection]:
+def connect(db: DbConfig, *, autocommit: bool = False, password: SecretStr | None = None) -> Iterator[Connection]:
     """A connection whose rowcount is rows CHANGED (no FOUND_ROWS): an idempotent replay reports 0."""
     conn = mysql.connector.connect(
         host=db.host,
         port=db.port,
         user=db.user,
-        password=db.password().get_secret_value(),
+        password=(password or db.password()).get_secret_value(),
         database=db.database,
         charset="utf8mb4",
         collation="utf8mb4_unicode_ci",
@@ -146,3 +147,41 @@ def load_reviews_csv(db: DbConfig, path: Path) -> tuple[int, int]:
             changed += max(cur.rowcount, 0)
         conn.commit()
     return len(rows), changed
+
+
+def batch_committed(db: DbConfig, query_id: str, batch_id: int) -> bool:
+    """Whether the streaming query already committed this micro-batch (a replay after a crash)."""
+    with connect(db, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT 1 FROM stream_commits WHERE query_id = %s AND batch_id = %s", (query_id, batch_id))
+        return cur.fetchone() is not None
+
+
+def record_batch(conn: Connection, row: Mapping[str, Any], rejects: list[tuple[str, str]]) -> None:
+    """Inside the batch's transaction: its stream_commits row and its rejected rows (reason, raw JSON)."""
+    cols = ", ".join(row)
+    marks = ", ".join(f"%({c})s" for c in row)
+    with conn.cursor() as cur:
+        # A second commit of one batch fails on the primary key and rolls the whole transaction back.
+        cur.execute(f"INSERT INTO stream_commits ({cols}, committed_at) VALUES ({marks}, UTC_TIMESTAMP(3))", dict(row))
+        if rejects:
+            cur.executemany(
+                "INSERT INTO stream_rejects (query_id, batch_id, seq, reason, raw) VALUES (%s, %s, %s, %s, %s)",
+                [(row["query_id"], row["batch_id"], i, reason, raw) for i, (reason, raw) in enumerate(rejects)],
+            )
+
+
+def abandon_runs(db: DbConfig, job: str) -> int:
+    """Mark runs of job still 'running' as failed and drop their staged rows (their driver died); returns how many."""
+    with connect(db) as conn, conn.cursor() as cur:
+        cur.execute("SELECT run_id FROM job_runs WHERE job = %s AND status = 'running' FOR UPDATE", (job,))
+        run_ids = [r[0] for r in cur.fetchall()]
+        for run_id in run_ids:
+            cur.execute("DELETE FROM review_sentiment_stage WHERE run_id = %s", (run_id,))
+            cur.execute(
+                "UPDATE job_runs SET status = 'failed', finished_at = UTC_TIMESTAMP(3),"
+                " message = 'abandoned: its driver stopped before the commit; the batch is replayed'"
+                " WHERE run_id = %s",
+                (run_id,),
+            )
+        conn.commit()
+    return len(run_ids)

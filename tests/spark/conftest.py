@@ -38,7 +38,7 @@ def reset_tables(cfg: QwenSparkConfig) -> None:
     mysql.ensure_schema(cfg.db)
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         for table in ("hotel_reviews", "review_sentiment", "review_sentiment_stage", "job_runs",
-                      "hotel_sentiment_daily", "aspect_sentiment"):
+                      "hotel_sentiment_daily", "aspect_sentiment", "stream_commits", "stream_rejects"):
             cur.execute(f"DELETE FROM {table}")
 
 

@@ -136,8 +136,11 @@ def test_device_is_validated() -> None:
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    # pin_task_gpus writes os.environ: monkeypatch restores it after each test.
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # pin_task_gpus writes os.environ directly. setenv first, so that monkeypatch records the variable even
+    # when it was absent and removes it again afterwards (a bare delenv of an absent name records nothing,
+    # and "2,3" then leaked into the Spark workers of later tests: tensor parallel 2 on the CPU).
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(resources, "visible_gpu_count", lambda: None)
     return monkeypatch
 
