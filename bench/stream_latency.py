@@ -81,17 +81,19 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     checkpoint = tempfile.mkdtemp(prefix="qwenspark-bench-stream-")
-    cfg = prepare_model(load_config(args.config, [
-        *args.overrides,
-        f"stream.checkpoint_location={checkpoint}",
-        f"stream.trigger_seconds={args.trigger}",
-        "stream.start_after_id=latest",
-        "stream.query_name=bench_stream_latency",
-    ]))
+    cfg = load_config(args.config, args.overrides)
     mysql.ensure_schema(cfg.db)
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("SELECT COALESCE(MAX(review_id), 0) FROM hotel_reviews")
         next_id = int(cur.fetchone()[0]) + 1
+    # An explicit start (not "latest", which the query resolves when it starts: after our first insert, maybe).
+    cfg = prepare_model(load_config(args.config, [
+        *args.overrides,
+        f"stream.checkpoint_location={checkpoint}",
+        f"stream.trigger_seconds={args.trigger}",
+        f"stream.start_after_id={next_id - 1}",
+        "stream.query_name=bench_stream_latency",
+    ]))
     dev = pd.read_csv(DEV, dtype=str, keep_default_na=False).sample(frac=1.0, random_state=0)
     texts = list(zip(dev.text, dev.lang, strict=True))
 

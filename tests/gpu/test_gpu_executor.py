@@ -1,20 +1,19 @@
 """On a GPU: the executor function with vLLM on a Qwen-shaped dummy model (skipped where there is no GPU).
 
 `python -m pytest -q tests/gpu` on a GPU machine with the `gpu` extra; the tokenizer comes from the tiny
-test model's folder. The throughput figures come from bench/executor_throughput.py.
+test model's folder, or from $QWENSPARK_GPU_TOKENIZER. The throughput figures come from
+bench/executor_throughput.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pandas as pd
 import pytest
 
 pytestmark = pytest.mark.gpu
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cuda() -> bool:
@@ -27,7 +26,7 @@ def _cuda() -> bool:
 
 
 @pytest.mark.skipif(not _cuda(), reason="needs an NVIDIA GPU and the CUDA build of vLLM")
-def test_executor_on_gpu_keeps_contract_and_releases_memory(tiny_model: Path) -> None:
+def test_executor_on_gpu_keeps_contract_and_releases_memory(gpu_tokenizer: Path, bench: ModuleType) -> None:
     import torch
 
     from qwenspark.analyze import AnalyzeSpec, make_analyze_fn
@@ -35,11 +34,7 @@ def test_executor_on_gpu_keeps_contract_and_releases_memory(tiny_model: Path) ->
     from qwenspark.engines import cache
     from qwenspark.resources import pin_task_gpus
 
-    spec_ = importlib.util.spec_from_file_location("bench_exec", ROOT / "bench" / "executor_throughput.py")
-    assert spec_ is not None and spec_.loader is not None
-    bench = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(bench)
-    model = bench.shaped_model("qwen3-0.6b", tiny_model, Path("/tmp/qwenspark-test-qwen3-0.6b"))
+    model = bench.shaped_model("qwen3-0.6b", gpu_tokenizer, Path("/tmp/qwenspark-test-qwen3-0.6b"))
     free_before = torch.cuda.mem_get_info()[0]
     cfg, _ = pin_task_gpus(
         EngineConfig(model=str(model), batch_size=64, max_tokens=64, gpu_memory_utilization=0.5,
