@@ -6,12 +6,18 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from qwenspark.config import QwenSparkConfig, load_config
 from qwenspark.errors import QwenSparkError
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 log = logging.getLogger("qwenspark")
+T = TypeVar("T")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -64,50 +70,43 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _batch(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
-    from qwenspark.pipeline import prepare_model, run_batch
-    from qwenspark.report import print_summary
+def _with_spark(cfg: QwenSparkConfig, work: Callable[[SparkSession, QwenSparkConfig], T]) -> tuple[QwenSparkConfig, T]:
+    """Fetch the model if asked, start Spark, run work, stop Spark; returns (the prepared config, work's result)."""
+    from qwenspark.pipeline import prepare_model
     from qwenspark.session import spark_session
 
     cfg = prepare_model(cfg)
     spark = spark_session(cfg)
     try:
-        summary = run_batch(spark, cfg)
+        return cfg, work(spark, cfg)
     finally:
         spark.stop()
+
+
+def _batch(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark.pipeline import run_batch
+    from qwenspark.report import print_summary
+
+    cfg, summary = _with_spark(cfg, run_batch)
     print_summary(cfg, summary)
     return 0
 
 
 def _stream(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
-    from qwenspark.pipeline import prepare_model
     from qwenspark.report import print_stream
-    from qwenspark.session import spark_session
     from qwenspark.stream import run_stream
 
-    cfg = prepare_model(cfg)
-    spark = spark_session(cfg)
-    try:
-        report = run_stream(spark, cfg)
-    finally:
-        spark.stop()
+    cfg, report = _with_spark(cfg, run_stream)
     print_stream(cfg, report)
     return 0
 
 
 def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     from qwenspark.evaluate import load_labelled, run_eval
-    from qwenspark.pipeline import prepare_model
     from qwenspark.report import print_eval
-    from qwenspark.session import spark_session
 
     labelled = load_labelled(args.input, args.limit, args.seed)
-    cfg = prepare_model(cfg)
-    spark = spark_session(cfg)
-    try:
-        report = run_eval(spark, cfg, labelled)
-    finally:
-        spark.stop()
+    cfg, report = _with_spark(cfg, lambda spark, c: run_eval(spark, c, labelled))
     print_eval(report)
     if args.json:
         print(json.dumps(report.as_dict(), sort_keys=True))
