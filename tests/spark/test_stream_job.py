@@ -185,6 +185,11 @@ def test_kill9_before_and_after_the_commit_then_restart_exactly_once(
     abandoned = query(cfg, "SELECT message FROM job_runs WHERE status = 'failed'")
     assert len(abandoned) == 1 and "abandoned" in str(abandoned[0][0])
     assert query(cfg, "SELECT COUNT(*) FROM job_runs WHERE status = 'running'")[0][0] == 0
+    # The password travels to the read tasks as a source option (as with Spark's JDBC source) but is never
+    # written to the job's output or the checkpoint.
+    secret = cfg.db.password().get_secret_value()
+    written = [*tmp_path.glob("run*.log"), *(f for f in (tmp_path / "checkpoint").rglob("*") if f.is_file())]
+    assert written and not [f for f in written if secret in f.read_text(errors="replace")]
 
 
 def test_files_source_rejects_unkeyed_rows_and_loses_nothing(
