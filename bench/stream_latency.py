@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from qwenspark.config import load_config
+from qwenspark.config import QwenSparkConfig, load_config
 from qwenspark.io import mysql
 from qwenspark.pipeline import prepare_model
 from qwenspark.session import spark_session
@@ -38,7 +38,7 @@ DEV = ROOT.parent / "shared" / "data" / "hotel_reviews" / "reviews_dev.csv"
 HOTEL = "BENCH-STREAM"
 
 
-def _insert(cfg, review_id: int, text: str, lang: str) -> datetime:  # type: ignore[no-untyped-def]
+def _insert(cfg: QwenSparkConfig, review_id: int, text: str, lang: str) -> datetime:
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(
             "INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
@@ -49,7 +49,7 @@ def _insert(cfg, review_id: int, text: str, lang: str) -> datetime:  # type: ign
         return cur.fetchone()[0]  # type: ignore[no-any-return]
 
 
-def _done(cfg, ids: list[int]) -> dict[int, datetime]:  # type: ignore[no-untyped-def]
+def _done(cfg: QwenSparkConfig, ids: list[int]) -> dict[int, datetime]:
     marks = ",".join(str(i) for i in ids)
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(
@@ -59,7 +59,7 @@ def _done(cfg, ids: list[int]) -> dict[int, datetime]:  # type: ignore[no-untype
         return {int(rid): ts for rid, ts in cur.fetchall()}
 
 
-def _cleanup(cfg, ids: list[int]) -> None:  # type: ignore[no-untyped-def]
+def _cleanup(cfg: QwenSparkConfig, ids: list[int]) -> None:
     marks = ",".join(str(i) for i in ids)
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         for table in ("review_sentiment", "hotel_reviews"):

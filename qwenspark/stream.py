@@ -41,10 +41,15 @@ class StreamReport:
     rows_in: int = 0
     rows_analysed: int = 0
     rows_rejected: int = 0
-    engine_loads: int = 0
     keepalive_probes: int = 0
     runs_abandoned: int = 0
-    summaries: list[RunSummary] = field(default_factory=list)
+    # Summed over the batches (not a list of them: a stream runs for weeks).
+    loads_per_worker: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def engine_loads(self) -> int:
+        """Engine loads over every batch this driver ran."""
+        return sum(self.loads_per_worker.values())
 
 
 class BatchSink:
@@ -132,8 +137,8 @@ class BatchSink:
         rep.rows_in += rows + len(rejects)
         rep.rows_analysed += summary.rows_analysed
         rep.rows_rejected += len(rejects)
-        rep.engine_loads += summary.engine_loads
-        rep.summaries.append(summary)
+        for pid, loads in summary.loads_per_worker.items():
+            rep.loads_per_worker[pid] = rep.loads_per_worker.get(pid, 0) + loads
         log.info(
             "batch %d committed: %d rows in (%d analysed, %d rejected), %d changed, engine loads %d, %.1f s",
             batch_id, rows + len(rejects), summary.rows_analysed, len(rejects), summary.rows_changed,

@@ -72,13 +72,14 @@ class ReviewStreamReader(DataSourceStreamReader):
     """Offsets are review_id watermarks; each micro-batch takes at most max_rows new reviews, in id order."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        # read_stream sets every option from the typed config: no second set of defaults here.
         self.db = DbConfig.model_validate_json(options["db"])
         self.password = SecretStr(options["password"])
-        self.table = options.get("table", "hotel_reviews")
-        self.max_rows = int(options.get("max_rows_per_batch", "512"))
-        self.parts = int(options.get("read_partitions", "2"))
-        self.start_after = options.get("start_after_id", "")
-        self.gap_wait = float(options.get("gap_wait_seconds", "5"))
+        self.table = options["table"]
+        self.max_rows = int(options["max_rows_per_batch"])
+        self.parts = int(options["read_partitions"])
+        self.start_after = options["start_after_id"]
+        self.gap_wait = float(options["gap_wait_seconds"])
         self.gaps: dict[int, float] = {}
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
