@@ -23,7 +23,7 @@ prompts (a run tag in each review), so no path reuses another's prompt KV cache 
         --lengths uniform,skewed --batch-sizes 256,64 --guided-cost --skip memory
     # explicit conditions MODE:LENGTHS:BATCH[:MAX_IN_FLIGHT], another structured-output backend:
     python bench/executor_throughput.py ... --conditions guided:uniform:256,unguided:skewed:64 --backend guidance
-    # this CPU, the tiny test model or the default model:
+    # this CPU, the tiny test model (built by `.venv/bin/python -m tests.support.tiny_model`) or the default model:
     .venv/bin/python bench/executor_throughput.py --model .cache/test-models/tiny-qwen3 --prompts 64 --batch-size 8
 """
 
@@ -262,7 +262,8 @@ def main() -> int:
         env=env, engine_kwargs=engine_kwargs,
     )
     # Resolve the config the way a task does, so the bench and the executor path share one cached engine.
-    cfg, _ = pin_task_gpus(cfg)
+    # The cache keys an engine by config and the task's GPUs: load it with the same devices the executor path pins.
+    cfg, devices = pin_task_gpus(cfg)
     figures: dict[str, Any] = {"model": args.shape or model, "prompts": args.prompts, "frame_rows": args.frame_rows,
                                "max_tokens": args.max_tokens, "device": _device_name(),
                                "tensor_parallel_size": cfg.tensor_parallel_size,
@@ -275,7 +276,7 @@ def main() -> int:
 
     free_before = _free_gpu_bytes()
     t0 = time.perf_counter()
-    engine, _ = cache.get_engine(cfg)
+    engine, _ = cache.get_engine(cfg, devices=devices)
     figures["engine_load_s"] = round(time.perf_counter() - t0, 1)
     figures["engine"] = _engine_settings(engine)
     print(json.dumps({k: figures[k] for k in ("engine_load_s", "engine", "tensor_parallel_size")}), flush=True)

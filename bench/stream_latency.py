@@ -6,6 +6,7 @@ review is the database time of its batch's commit (stream_commits.committed_at) 
 right after its insert committed: both read from the same server clock.
 
     make db && .venv/bin/python bench/stream_latency.py --rate 0.25 --seconds 180
+    .venv/bin/python -m tests.support.tiny_model .cache/test-models/tiny-qwen3     # the tiny test model, once
     .venv/bin/python bench/stream_latency.py --set engine.model=.cache/test-models/tiny-qwen3 \
         --set engine.default_model=false --rate 2 --seconds 60      # pipeline overhead with a tiny model
 

@@ -9,8 +9,13 @@ Cluster (any MySQL-protocol server; password in the environment, never on the co
     export QWENSPARK_DB_PASSWORD=...            # or db.password_file in the YAML
     spark-submit --master yarn --deploy-mode client \
         --jars /path/to/mariadb-java-client.jar \
-        --properties-file conf/spark-defaults.conf \
+        --properties-file conf/spark-defaults-gpu.conf \
         jobs/hotel_sentiment.py --config conf/cluster-gpu.yaml --set source.created_from=2026-11-29
+
+Shipping the Python environment, the config, the JDBC jar and the password to YARN, Kubernetes or a
+standalone cluster (cluster deploy mode): README.md, "Deploying to a cluster". Without --config the job
+reads $QWENSPARK_CONFIG, else conf/local.yaml in the current folder; `qwenspark config-template cluster-gpu`
+prints the GPU template.
 """
 
 import sys

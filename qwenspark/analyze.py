@@ -20,7 +20,7 @@ from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Engine, Message, StreamingEngine
 from qwenspark.parse import aspects_json, parse_completion
 from qwenspark.prompts import detect_lang, get_template
-from qwenspark.resources import pin_task_gpus
+from qwenspark.resources import pin_task_gpus, pin_threads
 from qwenspark.schemas import CLEAN_SCHEMA, RESULT_COLUMNS
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class Metrics:
     batch_sizes: Any  # Accumulator[dict[str, int]]: size -> batches
     rows: Any  # Accumulator[int]
     gpu_bindings: Any  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> engine loads
+    engine_rows: Any = None  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> rows analysed
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class AnalyzeSpec:
     engine: EngineConfig
     prompt_version: str
     max_review_tokens: int
+    cores: int = 0  # threads each engine gets (0: leave the worker's settings)
 
 
 def make_analyze_fn(
@@ -70,16 +72,13 @@ def make_analyze_fn(
         engine: Engine | None = None
         feed: ContinuousFeed | None = None
         done = 0
+        where = ""
         try:
             for chunk in rechunk(frames, spec.engine.batch_size):
                 if engine is None:
-                    # Loaded lazily: an empty partition never loads a model. GPUs are pinned first, before
-                    # anything imports torch or vllm.
-                    engine_cfg, gpus = pin_task_gpus(spec.engine)
-                    engine, loaded = cache.get_engine(engine_cfg, engine_factory)
-                    if metrics is not None and loaded:
-                        metrics.engine_loads.add({str(os.getpid()): 1})
-                        metrics.gpu_bindings.add({f"{os.getpid()}:{','.join(gpus) or 'none'}": 1})
+                    # Loaded lazily: an empty partition never loads a model. GPUs and threads are pinned first,
+                    # before anything imports torch or vllm.
+                    engine, where = _engine_for_task(spec, metrics, engine_factory)
                     if spec.engine.continuous and isinstance(engine, StreamingEngine):
                         feed = ContinuousFeed(engine, spec.engine.max_in_flight or 2 * spec.engine.batch_size)
                 if metrics is not None:
@@ -87,11 +86,11 @@ def make_analyze_fn(
                 batch = PreparedBatch(engine, chunk, spec)
                 for out in feed.add(batch) if feed is not None else [batch.run_sync(engine)]:
                     done += len(out)
-                    _report(out, done, metrics)
+                    _report(out, done, metrics, where)
                     yield out
             for out in feed.drain() if feed is not None else []:
                 done += len(out)
-                _report(out, done, metrics)
+                _report(out, done, metrics, where)
                 yield out
         finally:
             # A task that fails or is stopped early must not leave requests behind in the cached engine.
@@ -101,13 +100,48 @@ def make_analyze_fn(
     return analyze_partition
 
 
-def _report(out: pd.DataFrame, done: int, metrics: Metrics | None) -> None:
+def _engine_for_task(
+    spec: AnalyzeSpec, metrics: Metrics | None, engine_factory: EngineFactory | None
+) -> tuple[Engine, str]:
+    """The worker's cached engine for this task's GPUs (loaded if needed); returns it and "pid:gpus"."""
+    engine_cfg, devices = pin_task_gpus(spec.engine)
+    cores: list[int] = []
+    if spec.cores:
+        engine_cfg, cores = pin_threads(engine_cfg, spec.cores)
+    engine, loaded = cache.get_engine(engine_cfg, engine_factory, devices)
+    where = f"{os.getpid()}:{','.join(devices) or 'none'}"
+    if loaded:
+        log.info(
+            "engine on GPU(s) [%s], cores [%s], %s threads (pid %d)",
+            ",".join(devices), _ranges(cores) or "unbound", engine_cfg.env.get("OMP_NUM_THREADS", "default"),
+            os.getpid(),
+        )
+        if metrics is not None:
+            metrics.engine_loads.add({str(os.getpid()): 1})
+            metrics.gpu_bindings.add({where: 1})
+    return engine, where
+
+
+def _ranges(cores: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    spans: list[list[int]] = []
+    for core in sorted(cores):
+        if spans and core == spans[-1][1] + 1:
+            spans[-1][1] = core
+        else:
+            spans.append([core, core])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
+
+
+def _report(out: pd.DataFrame, done: int, metrics: Metrics | None, where: str = "") -> None:
     log.info(
         "batch of %d analysed (%d errors, %d generated tokens); %d rows so far in this task",
         len(out), out["error"].notna().sum(), out["tokens_out"].sum(), done,
     )
     if metrics is not None:
         metrics.rows.add(len(out))
+        if metrics.engine_rows is not None:
+            metrics.engine_rows.add({where: len(out)})
 
 
 def _worker_logging() -> None:

@@ -1,17 +1,18 @@
-"""`qwenspark batch|stream|eval|init-db|load-reviews|fetch-model`: the command line, main(argv=None) -> int."""
+"""`qwenspark batch|stream|eval|init-db|load-reviews|fetch-model|config-template`: the command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from qwenspark.config import QwenSparkConfig, load_config
-from qwenspark.errors import QwenSparkError
+from qwenspark.errors import ConfigError, QwenSparkError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -19,9 +20,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("qwenspark")
 T = TypeVar("T")
 
+CONFIG_ENV = "QWENSPARK_CONFIG"
+DEFAULT_CONFIG = Path("conf/local.yaml")
+# Config templates shipped in the package (qwenspark/templates/NAME.yaml: links to conf/NAME.yaml).
+TEMPLATES = ("local", "cluster-gpu")
+
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="conf/local.yaml", help="YAML config (default: conf/local.yaml)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help=f"YAML config (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG} in the current folder; "
+        "`qwenspark config-template` prints a starting point)",
+    )
     p.add_argument(
         "--set",
         dest="overrides",
@@ -49,7 +60,37 @@ def _parser() -> argparse.ArgumentParser:
     _config_args(ld)
     ld.add_argument("--input", type=Path, default=Path("data/demo/hotel_reviews_demo.csv"))
     _config_args(sub.add_parser("fetch-model", help="download and convert the embedded default model"))
+    tpl = sub.add_parser(
+        "config-template",
+        help="print a config template shipped with the package, e.g. `qwenspark config-template cluster-gpu > my.yaml`",
+    )
+    tpl.add_argument("name", choices=TEMPLATES, help="local: embedded MariaDB + CPU model; cluster-gpu: vLLM on GPUs")
     return parser
+
+
+def template_text(name: str) -> str:
+    """The packaged config template NAME (one of TEMPLATES) as text."""
+    from importlib import resources
+
+    if name not in TEMPLATES:
+        raise ConfigError(f"no config template {name!r}; choose one of {', '.join(TEMPLATES)}")
+    return (resources.files("qwenspark") / "templates" / f"{name}.yaml").read_text(encoding="utf-8")
+
+
+def resolve_config_path(given: str | None) -> Path:
+    """--config, else $QWENSPARK_CONFIG, else conf/local.yaml if the current folder has it (a checkout)."""
+    if given:
+        return Path(given)
+    from_env = os.environ.get(CONFIG_ENV)
+    if from_env:
+        return Path(from_env)
+    if DEFAULT_CONFIG.is_file():
+        return DEFAULT_CONFIG
+    raise ConfigError(
+        f"no config: pass --config FILE or set ${CONFIG_ENV} ({DEFAULT_CONFIG} is only found in a qwenspark "
+        f"checkout and {Path.cwd()} has none); write one with `qwenspark config-template local > my.yaml` "
+        "(or cluster-gpu)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("py4j", "mysql.connector"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        cfg = load_config(args.config, args.overrides)
+        if args.command == "config-template":
+            sys.stdout.write(template_text(args.name))
+            return 0
+        cfg = load_config(resolve_config_path(args.config), args.overrides)
         return int(_COMMANDS[args.command](cfg, args))
     except QwenSparkError as exc:
         print(f"qwenspark: error: {exc}", file=sys.stderr)

@@ -89,8 +89,15 @@ class CleanConfig(_Section):
 class EngineConfig(_Section):
     """The inference engine built on each executor (the cache key: same config, same engine)."""
 
-    kind: Literal["vllm", "transformers", "openai"] = Field(
-        "vllm", description="Engine implementation (openai: any OpenAI-compatible server, e.g. `vllm serve`)."
+    kind: Literal["vllm", "transformers", "openai", "custom"] = Field(
+        "vllm",
+        description="Engine implementation (openai: any OpenAI-compatible server, e.g. `vllm serve`; custom: "
+        "engine.factory builds it).",
+    )
+    factory: str | None = Field(
+        None,
+        description="custom: 'module:callable' taking the EngineConfig and returning an Engine; the module must be "
+        "importable in the executors' Python workers.",
     )
     model: str = Field(..., description="Model folder or hub id of a Qwen instruct model.")
     default_model: bool = Field(
@@ -156,6 +163,13 @@ class EngineConfig(_Section):
         # `--set engine.env.X=1` parses 1 as an int; the environment only holds strings.
         return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else value
 
+    @field_validator("factory")
+    @classmethod
+    def _factory_for_custom(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("kind") == "custom" and (not value or ":" not in value):
+            raise ValueError("required when engine.kind=custom, as 'module:callable'")
+        return value
+
     @field_validator("base_url")
     @classmethod
     def _base_url_for_openai(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -183,8 +197,24 @@ class PromptConfig(_Section):
 class SinkConfig(_Section):
     """How results are written (table names are fixed by sql/schema.sql)."""
 
-    write_partitions: int = Field(2, ge=1, description="Parallel JDBC connections writing the staging table.")
+    write_partitions: int = Field(
+        2,
+        ge=1,
+        description="Parallel JDBC connections writing the staging table. Independent of the inference "
+        "parallelism: the analysed rows are materialised (shuffle files) before this write.",
+    )
     batchsize: int = Field(2_000, ge=1, description="JDBC batch size of the staging write.")
+    isolation_level: Literal["READ_COMMITTED", "READ_UNCOMMITTED", "REPEATABLE_READ", "SERIALIZABLE", "NONE"] = Field(
+        "READ_COMMITTED",
+        description="JDBC isolation of the staging write; NONE commits every JDBC batch (no long transaction per "
+        "partition; a retried task then finds its earlier rows staged, which the commit tolerates).",
+    )
+    commit_chunk_rows: int = Field(
+        50_000,
+        ge=1,
+        description="The upsert into review_sentiment commits in chunks of at most this many rows, so a run of "
+        "millions of rows never holds one giant transaction.",
+    )
 
 
 class JobConfig(_Section):
@@ -196,7 +226,29 @@ class JobConfig(_Section):
         description="Analyse again reviews whose last result was an error (else only when text/model/prompt change).",
     )
     repartition: int | None = Field(
-        None, ge=1, description="Partitions fed to mapInPandas (None: Spark's default parallelism x 2)."
+        None,
+        ge=1,
+        description="Partitions fed to mapInPandas, overriding slots x partitions_per_slot (None: derived).",
+    )
+    slots: int | None = Field(
+        None,
+        ge=1,
+        description="Engines running at once (inference tasks in parallel). None: from the cluster: executors x "
+        "GPUs per executor / GPUs per engine; on CPU one engine per executor (local mode: one engine).",
+    )
+    partitions_per_slot: int = Field(
+        1,
+        ge=1,
+        description="Partitions per engine slot. Measured (bench/slot_scaling.py, 4 slots, answers of 16-256 "
+        "tokens): 1 had the shortest tail and the best throughput, since equal-sized partitions of many batches "
+        "average the lengths out and each task end drains the engine's continuous feed; 2-4 let a slow or "
+        "retried slot's share be spread over the others (preemptible or uneven nodes).",
+    )
+    cores_per_slot: int | None = Field(
+        None,
+        ge=1,
+        description="CPU cores (threads) each engine gets. None: the executor's cores / its slots; local mode: "
+        "the local cores / slots.",
     )
 
 

@@ -19,8 +19,10 @@ from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import SinkError
 from qwenspark.io import delta, jdbc, mysql
 from qwenspark.io.mysql import Connection
+from qwenspark.resources import IN_PROCESS_KINDS
 from qwenspark.schemas import RESULT_SCHEMA
 from qwenspark.session import check_spark_conf
+from qwenspark.slots import SlotPlan, plan_slots
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +48,13 @@ class RunSummary:
     seconds_analyse: float = 0.0
     batch_sizes: dict[str, int] = field(default_factory=dict)
     loads_per_worker: dict[str, int] = field(default_factory=dict)
+    rows_per_engine: dict[str, int] = field(default_factory=dict)  # "pid:gpus" -> rows that engine analysed
+    slots: int = 0
+    partitions: int = 0
 
     def job_runs_fields(self) -> dict[str, object]:
         """The columns of job_runs this summary fills."""
-        skip = {"run_id", "batch_sizes", "loads_per_worker"}
+        skip = {"run_id", "batch_sizes", "loads_per_worker", "rows_per_engine", "slots", "partitions"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -74,17 +79,30 @@ def new_metrics(spark: SparkSession) -> Metrics:
         batch_sizes=sc.accumulator({}, CounterParam()),
         rows=sc.accumulator(0),
         gpu_bindings=sc.accumulator({}, CounterParam()),
+        engine_rows=sc.accumulator({}, CounterParam()),
     )
 
 
-def analyse(df: DataFrame, cfg: QwenSparkConfig, metrics: Metrics | None = None) -> DataFrame:
-    """The transform shared by batch, eval and streaming: cleaned rows in, RESULT_SCHEMA rows out."""
+def analyse(
+    df: DataFrame, cfg: QwenSparkConfig, metrics: Metrics | None = None, plan: SlotPlan | None = None
+) -> DataFrame:
+    """The transform shared by batch, eval and streaming: cleaned rows in, RESULT_SCHEMA rows out.
+
+    The rows are spread over plan.partitions (slots x partitions_per_slot) so that every engine slot has work
+    until the input is done; the mapInPandas stage carries the plan's ResourceProfile where the cluster manager
+    supports it, so only this stage asks for GPUs and the engine's cores.
+    """
+    plan = plan or plan_slots(df.sparkSession, cfg)
     spec = AnalyzeSpec(
-        engine=cfg.engine, prompt_version=cfg.prompt.version, max_review_tokens=cfg.clean.max_review_tokens
+        engine=cfg.engine,
+        prompt_version=cfg.prompt.version,
+        max_review_tokens=cfg.clean.max_review_tokens,
+        cores=plan.cores_per_slot if cfg.engine.kind in IN_PROCESS_KINDS else 0,
     )
-    parts = cfg.job.repartition or df.sparkSession.sparkContext.defaultParallelism * 2
     # Batch size does not depend on partition size: analyze re-chunks the Arrow batches it gets.
-    return df.repartition(parts).mapInPandas(make_analyze_fn(spec, metrics), RESULT_SCHEMA)
+    return df.repartition(plan.partitions).mapInPandas(
+        make_analyze_fn(spec, metrics), RESULT_SCHEMA, profile=plan.profile
+    )
 
 
 @dataclass
@@ -169,12 +187,18 @@ def _run(
     try:
         if todo is not None and summary.rows_analysed:
             metrics = new_metrics(spark)
+            plan = plan_slots(spark, cfg)
+            summary.slots, summary.partitions = plan.slots, plan.partitions
             log.info("analysing %d reviews with %s in batches of %d", summary.rows_analysed, cfg.engine.model,
                      cfg.engine.batch_size)
             t0 = time.perf_counter()
-            results = analyse(todo, cfg, metrics).withColumn("run_id", F.lit(summary.run_id))
+            results = analyse(todo, cfg, metrics, plan).withColumn("run_id", F.lit(summary.run_id))
+            # write_stage shuffles the analysed rows to its own partitions: the analysis tasks (one per slot at
+            # a time) end by writing shuffle files, so a failed JDBC write task re-reads them and never runs
+            # the model again.
             jdbc.write_stage(results, cfg)
             summary.seconds_analyse = time.perf_counter() - t0
+            summary.rows_per_engine = dict(metrics.engine_rows.value)
             summary.loads_per_worker = dict(metrics.engine_loads.value)
             summary.batch_sizes = dict(metrics.batch_sizes.value)
             summary.engine_loads = sum(summary.loads_per_worker.values())
@@ -189,48 +213,79 @@ def _run(
 
 
 def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float, on_commit: CommitHook | None) -> None:
-    """Reconcile counts, then upsert + bookkeeping (+ the caller's hook) in one transaction."""
+    """Reconcile what was staged, then commit it in chunks; the last one holds job_runs and the caller's hook.
+
+    Spark may stage a review twice (a write task retried after part of its rows were committed): the commit keeps
+    the latest copy, and reconciliation compares the DISTINCT reviews staged with the rows the run analysed. The
+    rows move in transactions of at most sink.commit_chunk_rows staged rows (mysql.commit_run has the semantics
+    of a failure between chunks); the job_runs update to 'succeeded' and on_commit(conn, summary) run in the last
+    transaction, before its COMMIT.
+    """
     with mysql.connect(cfg.db) as conn:
-        rows, distinct = mysql.stage_counts(conn, summary.run_id)
-        if rows != summary.rows_analysed or distinct != rows:
-            raise SinkError(
-                f"reconciliation failed: {summary.rows_analysed} rows in, {rows} staged ({distinct} distinct ids)"
-            )
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT COALESCE(SUM(error IS NULL), 0), COALESCE(SUM(error IS NOT NULL), 0),"
-                " COALESCE(SUM(truncated), 0), COALESCE(SUM(tokens_in), 0), COALESCE(SUM(tokens_out), 0)"
-                " FROM review_sentiment_stage WHERE run_id = %s",
-                (summary.run_id,),
-            )
-            ok, err, trunc, t_in, t_out = (int(v) for v in cur.fetchone())
-        summary.rows_ok, summary.rows_error, summary.rows_truncated = ok, err, trunc
-        summary.tokens_in, summary.tokens_out = t_in, t_out
-        summary.rows_changed = mysql.upsert_run(conn, summary.run_id) if rows else 0
+        staged = mysql.stage_summary(conn, summary.run_id)
+    if staged.reviews != summary.rows_analysed:
+        raise SinkError(
+            f"reconciliation failed: {summary.rows_analysed} rows in, {staged.reviews} reviews staged"
+            f" ({staged.rows} rows, {staged.duplicates} duplicates)"
+        )
+    if staged.duplicates:
+        log.warning("run %s: %d staged rows are older copies of reviews staged again (a retried write task):"
+                    " dropped, the latest copy of each review is kept", summary.run_id, staged.duplicates)
+    summary.rows_ok, summary.rows_error, summary.rows_truncated = staged.ok, staged.errors, staged.truncated
+    summary.tokens_in, summary.tokens_out = staged.tokens_in, staged.tokens_out
+
+    committed = [0]  # rows changed by the chunks committed so far: what job_runs keeps if a later one fails
+
+    def progress(rows_changed: int) -> None:
+        committed[0] = rows_changed
+
+    def finish(tx: Connection, rows_changed: int) -> None:
+        summary.rows_changed = rows_changed
         summary.status = "succeeded"
         summary.seconds_total = time.perf_counter() - started
-        mysql.update_run(conn, summary.run_id, {**summary.job_runs_fields(), "finished_at": _now()})
+        mysql.update_run(tx, summary.run_id, {**summary.job_runs_fields(), "finished_at": _now()})
         if on_commit is not None:
-            on_commit(conn, summary)
-        conn.commit()
+            on_commit(tx, summary)
+
+    try:
+        mysql.commit_run(
+            cfg.db,
+            summary.run_id,
+            chunk_rows=cfg.sink.commit_chunk_rows,
+            dedupe=staged.duplicates > 0,
+            finish=finish,
+            progress=progress,
+        )
+    except BaseException:
+        summary.rows_changed = committed[0]
+        raise
     log.info(
-        "run %s committed: %d analysed (%d ok, %d errors), %d rows changed",
+        "run %s committed: %d analysed (%d ok, %d errors), %d rows changed, %d duplicate staged rows dropped",
         summary.run_id,
         summary.rows_analysed,
-        ok,
-        err,
+        summary.rows_ok,
+        summary.rows_error,
         summary.rows_changed,
+        staged.duplicates,
     )
 
 
 def _mark_failed(cfg: QwenSparkConfig, summary: RunSummary, exc: BaseException) -> None:
+    """Drop the run's remaining staged rows (bounded transactions) and record it failed with the error.
+
+    Chunks the commit took before the failure stay committed (final results, see mysql.commit_run); their rows
+    changed are kept in job_runs.rows_changed, and a rerun analyses only the reviews they did not cover.
+    """
     try:
-        mysql.delete_stage(cfg.db, summary.run_id)
+        mysql.delete_stage(cfg.db, summary.run_id, cfg.sink.commit_chunk_rows)
+        message = f"{type(exc).__name__}: {exc}"
+        if summary.rows_changed:
+            message = f"{message} (chunks committed before the failure changed {summary.rows_changed} rows; they stay)"
         with mysql.connect(cfg.db, autocommit=True) as conn:
             fields = {
                 **summary.job_runs_fields(),
                 "finished_at": _now(),
-                "message": f"{type(exc).__name__}: {exc}"[:4000],
+                "message": message[:4000],
             }
             mysql.update_run(conn, summary.run_id, fields)
     except Exception:  # the original error matters more than a failed bookkeeping update

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from qwenspark import resources
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # Settings the job needs; spark-submit --conf or spark-defaults.conf may set them too.
 BASE_CONF: dict[str, str] = {
@@ -22,16 +28,66 @@ BASE_CONF: dict[str, str] = {
 }
 
 
+# Java options the JVMs need; appended to what the user passed, never replacing it.
+REQUIRED_JAVA_OPTIONS = "-Duser.timezone=UTC"
+JAVA_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+# Settings whose value must be this one: another value would break the job, so the job refuses to start.
+REQUIRED_VALUES = {"spark.sql.session.timeZone": "UTC", "spark.python.worker.reuse": "true"}
+
+
+def submitted_conf() -> dict[str, str]:
+    """Spark settings already made by spark-submit (--conf, --jars, --packages, --properties-file), if any."""
+    from pyspark import SparkConf, SparkContext
+
+    # spark-submit starts the JVM first and hands Python its gateway; a plain `python` run has none yet (our
+    # settings then reach the JVM at its launch, so nothing can have been set before them).
+    if not os.environ.get("PYSPARK_GATEWAY_PORT") and SparkContext._gateway is None:
+        return {}
+    # Connect to spark-submit's JVM (it exists already), so that SparkConf() reads its system properties.
+    SparkContext._ensure_initialized()
+    return dict(SparkConf().getAll())
+
+
+def merged_conf(cfg: QwenSparkConfig, given: Mapping[str, str]) -> dict[str, str]:
+    """The settings to add to `given` (what spark-submit set): only absent keys, plus appended jar and options.
+
+    Raises ConfigError naming the key when a given value would break the job.
+    """
+    for key, value in REQUIRED_VALUES.items():
+        if key in given and str(given[key]).strip().lower() != value.lower():
+            raise ConfigError(f"{key}={given[key]} (from spark-submit): the job needs {value}; remove the setting")
+    wanted = {**BASE_CONF, **cfg.spark.conf}
+    out = {k: v for k, v in wanted.items() if k not in given and k not in JAVA_OPTION_KEYS}
+    for key in JAVA_OPTION_KEYS:
+        have = str(given.get(key, "")).strip()
+        zone = re.search(r"-Duser\.timezone=(\S+)", have)
+        if zone and zone.group(1) != "UTC":
+            raise ConfigError(f"{key} sets {zone.group(0)}: the job needs -Duser.timezone=UTC (JDBC DATETIMEs)")
+        extra = str(cfg.spark.conf.get(key, "")).strip()
+        if not zone:
+            out[key] = " ".join(p for p in (have, extra if extra not in have else "", REQUIRED_JAVA_OPTIONS) if p)
+        elif extra and extra not in have:
+            out[key] = f"{have} {extra}"
+    jars = [j for j in str(given.get("spark.jars", "")).split(",") if j.strip()]
+    if not any(re.search(r"mariadb|mysql", Path(j).name, re.I) for j in jars):
+        jars.append(str(cfg.db.jdbc_jar))
+        out["spark.jars"] = ",".join(jars)
+    return out
+
+
 def spark_session(cfg: QwenSparkConfig) -> SparkSession:
-    """getOrCreate with the JDBC jar and BASE_CONF; under spark-submit the existing session wins."""
+    """getOrCreate: what spark-submit set wins; the job fills absent keys and appends its jar and Java options."""
     # Without this, local workers start the system python and fail on `import pyarrow`.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    given = submitted_conf()
     builder = SparkSession.builder.appName(cfg.spark.app_name)
-    if cfg.spark.master:
+    if cfg.spark.master and "spark.master" not in given:
         builder = builder.master(cfg.spark.master)
-    conf = {**BASE_CONF, "spark.jars": str(cfg.db.jdbc_jar), **cfg.spark.conf}
-    for key, value in conf.items():
+    added = merged_conf(cfg, given)
+    for key, value in added.items():
         builder = builder.config(key, value)
+    kept = sorted(k for k in given if k in {**BASE_CONF, **cfg.spark.conf} or k in ("spark.jars", "spark.master"))
+    log.info("Spark settings: kept from spark-submit %s; filled or appended %s", kept, sorted(added))
     return builder.getOrCreate()
 
 

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from qwenspark.config import QwenSparkConfig
-from qwenspark.engines.cache import probe_workers
+from qwenspark.engines.cache import PROBE_SCHEMA, probe_workers
 from qwenspark.faults import failpoint
 from qwenspark.io import mysql
 from qwenspark.io.mysql import Connection
@@ -214,7 +214,7 @@ def probe(spark: SparkSession) -> dict[int, int]:
     try:
         rows = (
             spark.range(0, executors, 1, executors)
-            .mapInPandas(probe_workers, "pid long, engines int")  # type: ignore[arg-type]
+            .mapInPandas(probe_workers, PROBE_SCHEMA)  # type: ignore[arg-type]
             .collect()
         )
     finally:

@@ -39,6 +39,10 @@ SAMPLE_REVIEWS = [
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# Spark's Python workers import engine factories of the tests (tests.support.echo_engine): put the repo root on
+# their path. Workers inherit the driver JVM's environment, which is taken from this process at Spark's start.
+if str(ROOT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +70,7 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, obje
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     """A tiny random Qwen3 with the real Qwen tokenizer, built once per cache."""
-    from qwenspark.models.tiny import build_tiny_qwen
+    from tests.support.tiny_model import build_tiny_qwen
 
     return build_tiny_qwen(CACHE / "test-models" / "tiny-qwen3")
 

@@ -15,6 +15,13 @@ def build_engine(cfg: EngineConfig) -> Engine:
         from qwenspark.engines.vllm import VllmEngine
 
         return VllmEngine(cfg)
+    if cfg.kind == "custom":
+        import importlib
+
+        module, _, name = str(cfg.factory).partition(":")
+        factory = getattr(importlib.import_module(module), name)
+        engine: Engine = factory(cfg)
+        return engine
     if cfg.kind == "openai":
         from qwenspark.engines.openai import OpenAIEngine
 

@@ -12,6 +12,17 @@ from qwenspark.errors import EngineError
 from qwenspark.parse import json_schema
 
 
+def _device(torch: Any, cfg: EngineConfig) -> str:
+    """cuda when engine.device asks for it (and fails loudly without a GPU) or, for auto, when one is visible."""
+    if cfg.device == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if cfg.device == "cuda":
+        raise EngineError("engine.device=cuda but torch sees no GPU in this worker (CUDA_VISIBLE_DEVICES, drivers?)")
+    return "cpu"
+
+
 class TransformersEngine:
     """AutoModelForCausalLM loaded once; generate() runs one left-padded batch, greedy unless temperature>0."""
 
@@ -31,9 +42,13 @@ class TransformersEngine:
         self._tok.padding_side = "left"
         if self._tok.pad_token_id is None:
             self._tok.pad_token = self._tok.eos_token
-        self._model = AutoModelForCausalLM.from_pretrained(
-            cfg.model, dtype=getattr(torch, cfg.dtype), **cfg.engine_kwargs
-        ).eval()
+        kwargs = dict(cfg.engine_kwargs)
+        device = _device(torch, cfg)
+        if device == "cuda" and "device_map" not in kwargs:
+            # The task's GPUs are the only visible ones (CUDA_VISIBLE_DEVICES pinned before torch loaded): cuda:0
+            # is the task's first GPU; a task holding several spreads the layers over them.
+            kwargs["device_map"] = "auto" if (cfg.tensor_parallel_size or 1) > 1 else "cuda:0"
+        self._model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype), **kwargs).eval()
         gen_eos = self._model.generation_config.eos_token_id
         eos = gen_eos if isinstance(gen_eos, list) else [gen_eos, self._tok.eos_token_id]
         self._eos = {int(e) for e in eos if e is not None}

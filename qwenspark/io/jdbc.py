@@ -86,14 +86,21 @@ def read_done(spark: SparkSession, cfg: QwenSparkConfig, lo: int, hi: int) -> Da
 
 
 def write_stage(df: DataFrame, cfg: QwenSparkConfig) -> None:
-    """Append a run's rows to review_sentiment_stage (each partition commits as one JDBC transaction)."""
+    """Append a run's rows to review_sentiment_stage over sink.write_partitions JDBC connections.
+
+    A shuffle (repartition), not coalesce: coalesce is narrow and would pull the stage that produces df (the
+    model) down to write_partitions tasks. With the shuffle the producing stage keeps its own parallelism and
+    its output is materialised once in shuffle files; a retried write task reads them again. A write task that
+    is retried after part of its rows were committed (isolation NONE, or a lost acknowledgement) stages them
+    twice: the commit keeps one row per review (review_sentiment_stage has no unique key on purpose).
+    """
     (
-        df.coalesce(cfg.sink.write_partitions)
+        df.repartition(cfg.sink.write_partitions)
         .write.format("jdbc")
         .options(**jdbc_options(cfg))
         .option("dbtable", "review_sentiment_stage")
         .option("batchsize", str(cfg.sink.batchsize))
-        .option("isolationLevel", "READ_COMMITTED")
+        .option("isolationLevel", cfg.sink.isolation_level)
         .mode("append")
         .save()
     )

@@ -1,11 +1,15 @@
-"""Transactional SQL beside Spark: schema creation, the run's upsert transaction and job_runs bookkeeping."""
+"""Transactional SQL beside Spark: schema creation, the commit of a run's staged rows, job_runs bookkeeping."""
 
 from __future__ import annotations
 
 import logging
+import queue
 import re
-from collections.abc import Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,7 @@ from pydantic import SecretStr
 
 from qwenspark.config import DbConfig
 from qwenspark.errors import SinkError, SourceError
+from qwenspark.faults import failpoint
 
 log = logging.getLogger(__name__)
 
@@ -65,43 +70,386 @@ def run_script(conn: Connection, script: str, params: Mapping[str, Any] | None =
 
 
 def ensure_schema(db: DbConfig) -> None:
-    """Create the tables and dashboard views if missing (idempotent)."""
+    """Create the tables and dashboard views if missing, and migrate an older staging table (idempotent)."""
     with connect(db, autocommit=True) as conn:
         run_script(conn, sql_text("schema.sql"))
+        migrate_stage(conn)
         run_script(conn, sql_text("views.sql"))
 
 
-def upsert_run(conn: Connection, run_id: str) -> int:
-    """Inside the caller's transaction: move the run's staged rows; returns review_sentiment rows changed."""
+STAGE = "review_sentiment_stage"
+
+
+def _stage_ddl() -> str:
+    for stmt in statements(sql_text("schema.sql")):
+        if stmt.startswith(f"CREATE TABLE IF NOT EXISTS {STAGE} ("):
+            return stmt
+    raise SinkError(f"schema.sql has no {STAGE} table")
+
+
+def _stage_is_current(cur: Any) -> bool:
+    cur.execute(
+        "SELECT COUNT(*) FROM information_schema.COLUMNS"
+        " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'stage_seq'",
+        (STAGE,),
+    )
+    return bool(cur.fetchone()[0])
+
+
+def migrate_stage(conn: Connection) -> str | None:
+    """Bring a staging table of the old layout (PRIMARY KEY (run_id, review_id), no stage_seq) to the current one.
+
+    The old key made a Spark write task that was retried after a partial write fail on its own rows. Detected
+    through information_schema; an empty old table is dropped and created from schema.sql, one that holds rows
+    (a run that failed before its commit, or one still staging) is altered in place, keeping them (each gets a
+    stage_seq of its own). Serialised by a named lock, so that runs starting together migrate once.
+    Returns 'recreated', 'altered' or None (nothing to do). conn must be in autocommit mode (DDL).
+    """
+    with conn.cursor() as cur:
+        if _stage_is_current(cur):
+            return None
+        cur.execute("SELECT GET_LOCK('qwenspark.migrate_stage', 60)")
+        if cur.fetchone()[0] != 1:
+            raise SinkError(f"could not take the lock to migrate {STAGE}")
+        try:
+            if _stage_is_current(cur):  # another run migrated it meanwhile
+                return None
+            cur.execute(f"SELECT EXISTS (SELECT 1 FROM {STAGE})")
+            if not cur.fetchone()[0]:
+                cur.execute(f"DROP TABLE {STAGE}")
+                cur.execute(_stage_ddl())
+                action = "recreated"
+            else:
+                cur.execute(
+                    f"ALTER TABLE {STAGE} ADD COLUMN stage_seq BIGINT UNSIGNED NOT NULL DEFAULT (UUID_SHORT())"
+                    " COMMENT 'arrival order: the latest copy wins',"
+                    " DROP PRIMARY KEY, ADD PRIMARY KEY (run_id, review_id, stage_seq)"
+                )
+                action = "altered"
+        finally:
+            cur.execute("SELECT RELEASE_LOCK('qwenspark.migrate_stage')")
+            cur.fetchall()
+    log.warning("%s had the old layout (unique (run_id, review_id)): %s with stage_seq", STAGE, action)
+    return action
+
+
+@dataclass(frozen=True)
+class StageSummary:
+    """What a run staged, counted over the latest copy of each review (the copies a commit keeps)."""
+
+    rows: int  # staged rows, duplicates included
+    reviews: int  # distinct review ids
+    ok: int
+    errors: int
+    truncated: int
+    tokens_in: int
+    tokens_out: int
+
+    @property
+    def duplicates(self) -> int:
+        """Older copies of reviews staged twice (a retried Spark write task): dropped by the commit."""
+        return self.rows - self.reviews
+
+
+_SUMS = (
+    "COALESCE(SUM(error IS NULL), 0), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(truncated), 0),"
+    " COALESCE(SUM(tokens_in), 0), COALESCE(SUM(tokens_out), 0)"
+)
+_LATEST = (
+    "s.stage_seq = (SELECT MAX(d.stage_seq) FROM review_sentiment_stage d"
+    " WHERE d.run_id = s.run_id AND d.review_id = s.review_id)"
+)
+
+
+def stage_summary(conn: Connection, run_id: str) -> StageSummary:
+    """Counts of run_id's staged rows; ends conn's transaction (a fresh snapshot sees what Spark wrote)."""
+    conn.rollback()
     with conn.cursor() as cur:
         cur.execute(
-            "SELECT COUNT(*) FROM review_sentiment_stage s LEFT JOIN review_sentiment r"
-            " ON r.review_id = s.review_id WHERE s.run_id = %s AND r.review_id IS NULL",
+            f"SELECT COUNT(*), COUNT(DISTINCT review_id), {_SUMS} FROM review_sentiment_stage WHERE run_id = %s",
             (run_id,),
         )
-        (new_rows,) = cur.fetchone()
-    script = sql_text("upsert.sql")
-    for stmt, affected in zip(statements(script), run_script(conn, script, {"run_id": run_id}), strict=True):
-        if stmt.startswith("INSERT INTO review_sentiment ("):
-            # ON DUPLICATE KEY UPDATE reports 1 per insert, 2 per changed row, 0 per identical row.
-            return int(new_rows) + (affected - int(new_rows)) // 2
-    raise SinkError("upsert.sql has no review_sentiment upsert")
+        rows, reviews, *sums = (int(v) for v in cur.fetchone())
+        if rows != reviews:  # sum over the latest copy of each review only
+            cur.execute(f"SELECT {_SUMS} FROM review_sentiment_stage s WHERE s.run_id = %s AND {_LATEST}", (run_id,))
+            sums = [int(v) for v in cur.fetchone()]
+    conn.rollback()
+    return StageSummary(rows, reviews, *sums)
 
 
-def stage_counts(conn: Connection, run_id: str) -> tuple[int, int]:
-    """(rows, distinct review ids) staged for run_id."""
+MIN_REVIEW_ID, MAX_REVIEW_ID = -(2**63), 2**63 - 1
+COMMIT_WORKERS = 2  # connections committing chunks of one run at once (each chunk is its own transaction)
+COMMIT_LOCK = "qwenspark.commit."  # + the database: one run commits at a time (released when its session ends)
+COMMIT_LOCK_TIMEOUT_S = 3600
+CHUNK_ATTEMPTS = 5  # a chunk rolled back by a deadlock or a lock wait timeout is tried again
+_RETRYABLE = {1205, 1213}  # ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK
+
+
+def _chunk_end(cur: Any, run_id: str, lo: int, chunk_rows: int) -> int | None:
+    """The last review_id of the chunk that starts at lo: at most chunk_rows staged rows; None: the rest fits."""
+    cur.execute(
+        "SELECT review_id FROM review_sentiment_stage WHERE run_id = %s AND review_id >= %s"
+        " ORDER BY review_id, stage_seq LIMIT 1 OFFSET %s",
+        (run_id, lo, chunk_rows),
+    )
+    row = cur.fetchone()
+    if row is None:
+        return None
+    first_out = int(row[0])  # the first row past chunk_rows: its review starts the next chunk
+    cur.execute(
+        "SELECT MIN(review_id) FROM review_sentiment_stage WHERE run_id = %s AND review_id >= %s", (run_id, lo)
+    )
+    first_in = int(cur.fetchone()[0])
+    # One review staged more than chunk_rows times: its copies go together.
+    return first_out - 1 if first_out > first_in else first_in
+
+
+def plan_chunks(conn: Connection, run_id: str, chunk_rows: int) -> list[tuple[int, int]]:
+    """run_id's staged rows as review_id ranges (inclusive) of at most chunk_rows staged rows each, in order.
+
+    Every copy of a review falls in one range; the last range is open-ended. Nothing staged: one range.
+    """
+    chunks = []
+    lo = MIN_REVIEW_ID
     with conn.cursor() as cur:
-        cur.execute(
-            "SELECT COUNT(*), COUNT(DISTINCT review_id) FROM review_sentiment_stage WHERE run_id = %s", (run_id,)
-        )
-        rows, distinct = cur.fetchone()
-    return int(rows), int(distinct)
+        while (end := _chunk_end(cur, run_id, lo, chunk_rows)) is not None:
+            chunks.append((lo, end))
+            lo = end + 1
+    chunks.append((lo, MAX_REVIEW_ID))
+    return chunks
 
 
-def delete_stage(db: DbConfig, run_id: str) -> None:
-    """Drop a failed run's staged rows (they were never visible in the result tables)."""
-    with connect(db, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute("DELETE FROM review_sentiment_stage WHERE run_id = %s", (run_id,))
+def script_sections(script: str) -> dict[str, list[str]]:
+    """The statements of each `-- @name` section of script, in order (statements before the first are dropped)."""
+    sections: dict[str, list[str]] = {}
+    name: str | None = None
+    body: list[str] = []
+    for line in [*script.splitlines(), "-- @"]:
+        if m := re.match(r"--\s*@(\w*)", line):
+            if name:
+                sections[name] = statements("\n".join(body))
+            name, body = m.group(1), []
+        else:
+            body.append(line)
+    return sections
+
+
+def _span(chunk: tuple[int, int]) -> str:
+    lo, hi = chunk
+    return f"{'' if lo == MIN_REVIEW_ID else lo}..{'' if hi == MAX_REVIEW_ID else hi}"
+
+
+def commit_chunk(conn: Connection, run_id: str, lo: int, hi: int, *, max_rows: int, dedupe: bool = True) -> int:
+    """sql/upsert.sql for run_id's staged reviews lo..hi (at most max_rows distinct), in conn's open transaction.
+
+    Returns review_sentiment rows changed.
+    """
+    params = {"run_id": run_id, "lo": lo, "hi": hi, "dedupe": int(dedupe), "heap_bytes": (1 << 20) + 64 * max_rows}
+    sections = script_sections(sql_text("upsert.sql"))
+    affected = 0
+    with conn.cursor() as cur:
+
+        def run(section: str) -> None:
+            nonlocal affected
+            for stmt in sections[section]:
+                cur.execute(stmt, params if "%(" in stmt else None)
+                if stmt.startswith("INSERT INTO review_sentiment ("):
+                    affected = max(int(cur.rowcount), 0)
+
+        run("changes")
+        cur.execute("SELECT COUNT(*), COALESCE(SUM(is_new), 0) FROM tmp_chunk")
+        changed_rows, new_rows = (int(v) for v in cur.fetchone())
+        if changed_rows:
+            run("deltas")
+            if changed_rows > new_rows:
+                run("old")
+            run("upsert")
+            run("apply")
+        run("spent")
+    # ON DUPLICATE KEY UPDATE reports 1 per insert, 2 per changed row (identical rows never reach it).
+    return new_rows + (affected - new_rows) // 2
+
+
+ChunkHook = Callable[[Connection, int], None]
+
+
+def _session(conn: Connection) -> None:
+    # Chunks of one run commit in parallel on their own review_id ranges: READ COMMITTED takes no gap locks, which
+    # two chunks inserting beside each other would deadlock on. Other runs do not commit meanwhile (COMMIT_LOCK).
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+
+
+def _run_chunk(conn: Connection, run_id: str, chunk: tuple[int, int], chunk_rows: int, dedupe: bool) -> int:
+    """One chunk in its own transaction (committed here); retried when InnoDB rolled it back for a lock conflict."""
+    for attempt in range(1, CHUNK_ATTEMPTS + 1):
+        try:
+            changed = commit_chunk(conn, run_id, *chunk, max_rows=chunk_rows, dedupe=dedupe)
+            conn.commit()
+            return changed
+        except mysql.connector.Error as exc:
+            conn.rollback()
+            if exc.errno not in _RETRYABLE or attempt == CHUNK_ATTEMPTS:
+                raise
+            log.warning("run %s: chunk %s rolled back (%s), attempt %d of %d", run_id, _span(chunk), exc,
+                        attempt + 1, CHUNK_ATTEMPTS)
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
+
+
+def commit_run(
+    db: DbConfig,
+    run_id: str,
+    *,
+    chunk_rows: int,
+    workers: int | None = None,
+    dedupe: bool = True,
+    finish: ChunkHook | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Move run_id's staged rows into review_sentiment in bounded transactions; returns rows changed.
+
+    Chunks: the run's staged rows are cut into review_id ranges of at most chunk_rows staged rows (every copy of a
+    review in the same range; plan_chunks). Each chunk is ONE transaction (sql/upsert.sql): it keeps the latest
+    copy of each review, upserts the reviews that change, applies their contributions to hotel_sentiment_daily
+    and aspect_sentiment, and deletes the chunk's staged rows. Up to `workers` (default COMMIT_WORKERS) chunks
+    commit at once, each on its own connection: they touch disjoint reviews, and the aggregate rows they share
+    are updated additively under row locks (a chunk rolled back by a deadlock is tried again).
+
+    The LAST transaction runs finish(conn, rows_changed) (pipeline: the job_runs update to 'succeeded' and the
+    caller's hook, e.g. the stream's stream_commits row) before its COMMIT, after every chunk committed. A run of
+    one chunk (every stream micro-batch, any run of up to chunk_rows staged rows) is a single transaction: data,
+    aggregates and finish together; a longer run ends with a transaction of its own for finish. progress(rows
+    changed so far) runs after each chunk's COMMIT. dedupe=False skips the latest-copy filter (for a run known to
+    hold one copy per review). One run commits at a time on a database (named lock COMMIT_LOCK + database): the
+    chunk transactions run at READ COMMITTED, and the stored versions they subtract from the aggregates must not
+    change under them; nothing but this function writes review_sentiment and the aggregates.
+
+    Rows changed: 1 per review inserted or changed, 0 per identical one (a replay of a run changes 0 rows).
+
+    A crash or an error between chunks leaves: the chunks committed so far are final results of this run, each
+    review once, and the aggregates match review_sentiment (every chunk commits its own aggregate changes); a
+    failing chunk is rolled back whole; the rest stays staged and the run stays 'running' in job_runs until it is
+    marked failed (pipeline._mark_failed, or abandon_runs after a dead driver), which drops those staged rows.
+    A rerun of the same selection finds the committed reviews current (their input_key matches, clean.skip_done)
+    and analyses only the rest, so each review lands exactly once. finish runs only in the last transaction: a
+    crash before it leaves no stream_commits row, and the stream replays the batch, whose committed reviews are
+    skipped as current.
+    """
+    with connect(db) as conn:
+        _session(conn)
+        lock = f"{COMMIT_LOCK}{db.database}"[:64]
+        with conn.cursor() as cur:
+            cur.execute("SELECT GET_LOCK(%s, %s)", (lock, COMMIT_LOCK_TIMEOUT_S))
+            if cur.fetchone()[0] != 1:
+                raise SinkError(f"run {run_id}: another run held the commit lock for {COMMIT_LOCK_TIMEOUT_S} s")
+        try:
+            conn.rollback()  # a fresh snapshot sees all that Spark committed
+            chunks = plan_chunks(conn, run_id, chunk_rows)
+            conn.rollback()
+            if len(chunks) == 1:
+                changed = commit_chunk(conn, run_id, *chunks[0], max_rows=chunk_rows, dedupe=dedupe)
+            else:
+                changed = _commit_chunks(
+                    db, run_id, chunks, chunk_rows=chunk_rows, workers=workers or COMMIT_WORKERS, dedupe=dedupe,
+                    progress=progress,
+                )
+            if finish is not None:
+                finish(conn, changed)
+            conn.commit()
+            if len(chunks) == 1 and progress is not None:
+                progress(changed)
+        finally:
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
+                    cur.fetchall()
+            except mysql.connector.Error:  # the session is gone, and the lock with it
+                log.debug("run %s: commit lock not released explicitly", run_id, exc_info=True)
+    log.info("run %s: %d staged chunk(s) committed, %d rows changed", run_id, len(chunks), changed)
+    return changed
+
+
+def _commit_chunks(
+    db: DbConfig,
+    run_id: str,
+    chunks: list[tuple[int, int]],
+    *,
+    chunk_rows: int,
+    workers: int,
+    dedupe: bool,
+    progress: Callable[[int], None] | None,
+) -> int:
+    """Commit every chunk, up to `workers` at once; after a failure no further chunk starts. Rows changed."""
+    todo: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
+    for chunk in chunks:
+        todo.put(chunk)
+    state = {"changed": 0, "committed": 0}
+    errors: list[BaseException] = []
+    guard = threading.Lock()
+
+    def worker() -> None:
+        try:
+            with connect(db) as conn:
+                _session(conn)
+                while not errors:
+                    try:
+                        chunk = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    changed = _run_chunk(conn, run_id, chunk, chunk_rows, dedupe)
+                    with guard:
+                        state["changed"] += changed
+                        state["committed"] += 1
+                        total, committed = state["changed"], state["committed"]
+                    log.info("run %s: chunk %d of %d (review_id %s) committed, %d rows changed", run_id,
+                             committed, len(chunks), _span(chunk), changed)
+                    if progress is not None:
+                        progress(total)
+                    failpoint("sink.between_chunks", committed)
+        except BaseException as exc:  # handed to the caller's thread
+            with guard:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=worker, name=f"commit-{i}") for i in range(max(1, min(workers, len(chunks))))]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except BaseException as exc:  # e.g. KeyboardInterrupt: no further chunk starts; the running ones end
+        with guard:
+            errors.append(exc)
+        for t in threads:
+            t.join()
+        raise
+    if errors:
+        raise errors[0]
+    return state["changed"]
+
+
+def _delete_stage(conn: Connection, run_id: str, batch_rows: int) -> int:
+    """Delete run_id's staged rows in transactions of at most batch_rows rows (conn in autocommit); how many."""
+    deleted = 0
+    with conn.cursor() as cur:
+        while True:
+            cur.execute(
+                "DELETE FROM review_sentiment_stage WHERE run_id = %s ORDER BY review_id, stage_seq LIMIT %s",
+                (run_id, batch_rows),
+            )
+            count = int(cur.rowcount)
+            deleted += max(count, 0)
+            if count < batch_rows:
+                return deleted
+
+
+def delete_stage(db: DbConfig, run_id: str, batch_rows: int = 50_000) -> int:
+    """Drop a failed run's staged rows, in bounded transactions: rows its committed chunks did not take.
+
+    Whatever chunks of the run committed before it failed stay in the result tables (see commit_run).
+    """
+    with connect(db, autocommit=True) as conn:
+        return _delete_stage(conn, run_id, batch_rows)
 
 
 def insert_run(db: DbConfig, row: Mapping[str, Any]) -> None:
@@ -170,18 +518,22 @@ def record_batch(conn: Connection, row: Mapping[str, Any], rejects: list[tuple[s
             )
 
 
-def abandon_runs(db: DbConfig, job: str) -> int:
-    """Mark runs of job still 'running' as failed and drop their staged rows (their driver died); returns how many."""
-    with connect(db) as conn, conn.cursor() as cur:
-        cur.execute("SELECT run_id FROM job_runs WHERE job = %s AND status = 'running' FOR UPDATE", (job,))
+def abandon_runs(db: DbConfig, job: str, batch_rows: int = 50_000) -> int:
+    """Mark runs of job still 'running' as failed and drop their staged rows (their driver died); returns how many.
+
+    The staged rows go first, in bounded transactions, then the status: a crash in between leaves the run
+    'running', and the next call finishes the job. Chunks such a run committed before its driver died stay: they
+    are final (see commit_run), and the replay analyses only what they did not cover.
+    """
+    with connect(db, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT run_id FROM job_runs WHERE job = %s AND status = 'running'", (job,))
         run_ids = [r[0] for r in cur.fetchall()]
         for run_id in run_ids:
-            cur.execute("DELETE FROM review_sentiment_stage WHERE run_id = %s", (run_id,))
+            _delete_stage(conn, run_id, batch_rows)
             cur.execute(
                 "UPDATE job_runs SET status = 'failed', finished_at = UTC_TIMESTAMP(3),"
-                " message = 'abandoned: its driver stopped before the commit; the batch is replayed'"
-                " WHERE run_id = %s",
+                " message = 'abandoned: its driver stopped before the run committed; the batch is replayed'"
+                " WHERE run_id = %s AND status = 'running'",
                 (run_id,),
             )
-        conn.commit()
     return len(run_ids)

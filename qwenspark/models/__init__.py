@@ -1,1 +1,1 @@
-"""Model folders qwenspark can make on its own: the pinned default Qwen and a tiny random Qwen for tests."""
+"""Model folders qwenspark can make on its own: the pinned default Qwen (the tiny test model is tests/support)."""

@@ -33,7 +33,14 @@ CREATE TABLE IF NOT EXISTS review_sentiment (
   KEY ix_review_sentiment_hotel_day (hotel_id, review_created_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 
--- Spark appends here (one JDBC transaction per partition), then one transaction moves a run's rows.
+-- Spark appends here, then the commit moves a run's rows in chunks (qwenspark.io.mysql.commit_run).
+-- No unique key on (run_id, review_id) on purpose: a Spark write task retried after part of its rows were
+-- committed (isolationLevel NONE commits every JDBC batch) stages those reviews again, and the commit keeps the
+-- latest copy of each review (highest stage_seq). Spark inserts only its own columns: stage_seq fills itself
+-- from UUID_SHORT(), which increases with every call on a server (an AUTO_INCREMENT column would need a second
+-- index, and every staged row is written and deleted once: one index keeps both cheap). Clustered on
+-- (run_id, review_id): a chunk of a run is one range of the primary key, read and deleted in key order.
+-- The older layout (PRIMARY KEY (run_id, review_id), no stage_seq) is migrated by mysql.ensure_schema.
 CREATE TABLE IF NOT EXISTS review_sentiment_stage (
   run_id            CHAR(36)     NOT NULL,
   review_id         BIGINT       NOT NULL,
@@ -52,7 +59,8 @@ CREATE TABLE IF NOT EXISTS review_sentiment_stage (
   tokens_out        INT          NOT NULL,
   latency_ms        INT          NOT NULL,
   analysed_at       DATETIME(3)  NOT NULL,
-  PRIMARY KEY (run_id, review_id)
+  stage_seq         BIGINT UNSIGNED NOT NULL DEFAULT (UUID_SHORT()) COMMENT 'arrival order: the latest copy wins',
+  PRIMARY KEY (run_id, review_id, stage_seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 
 CREATE TABLE IF NOT EXISTS job_runs (

@@ -1,25 +1,112 @@
--- Moves one run's staged rows into review_sentiment and refreshes the aggregates they touch.
--- Run in ONE transaction with %(run_id)s bound; job_runs is updated in the same transaction, so a run
--- is either fully visible with its bookkeeping or not at all. Replaying it changes 0 rows.
+-- Moves ONE CHUNK of a run's staged rows into review_sentiment and keeps the aggregates in step, in the
+-- caller's transaction (qwenspark.io.mysql.commit_chunk; commit_run has the semantics of chunks and failures).
+-- Parameters: %(run_id)s; %(lo)s and %(hi)s, the chunk's review_id range (inclusive); %(dedupe)s, 1 when the
+-- run staged some review more than once (a retried Spark write task), else 0; %(heap_bytes)s, room for the
+-- chunk's review ids in a MEMORY table (64 bytes a staged row). Replaying a run changes 0 rows.
+--
+-- The aggregates are maintained from the reviews that change, not recomputed from every review of a touched
+-- (hotel, day): per (hotel, day) and (hotel, day, aspect) the chunk adds the contributions of the new versions of
+-- its changed reviews and subtracts those of their old versions. Given aggregates that matched review_sentiment
+-- before, they match it after: the same figures and shares as the full recompute of earlier releases
+-- (tests/spark/test_sink_commit.py holds them to it), at a cost proportional to the reviews that change rather than
+-- to all the reviews stored for the touched keys, and with no JSON parsed for reviews that did not change.
+--
+-- Sections (`-- @name`) run in order; commit_chunk skips @deltas to @apply when no review of the chunk changes,
+-- and @old when every changed review is new.
 
--- The (hotel, day) keys this run touches: where its reviews are now and where they were before.
-CREATE TEMPORARY TABLE IF NOT EXISTS tmp_touched_keys (hotel_id VARCHAR(64) NOT NULL, day DATE NOT NULL, PRIMARY KEY (hotel_id, day));
-DELETE FROM tmp_touched_keys;
-INSERT IGNORE INTO tmp_touched_keys
-SELECT DISTINCT hotel_id, DATE(review_created_at) FROM review_sentiment_stage
-WHERE run_id = %(run_id)s AND hotel_id IS NOT NULL AND review_created_at IS NOT NULL;
-INSERT IGNORE INTO tmp_touched_keys
-SELECT DISTINCT r.hotel_id, DATE(r.review_created_at) FROM review_sentiment r
-JOIN review_sentiment_stage s ON s.review_id = r.review_id AND s.run_id = %(run_id)s
-WHERE r.hotel_id IS NOT NULL AND r.review_created_at IS NOT NULL;
+-- @changes
+-- 1. The chunk's reviews that change review_sentiment: the latest staged copy of each review (highest
+--    stage_seq), kept when the review is new or any column differs in any byte from the stored row (an identical
+--    row is what a replay stages: it is neither written nor counted). Chunks run at READ COMMITTED, and no other
+--    run commits meanwhile (commit_run's named lock): the stored rows read here stay as read until the upsert.
+DROP TEMPORARY TABLE IF EXISTS tmp_chunk;
+SET SESSION max_heap_table_size = GREATEST(@@max_heap_table_size, %(heap_bytes)s);
+CREATE TEMPORARY TABLE tmp_chunk (
+  review_id BIGINT          NOT NULL PRIMARY KEY,
+  stage_seq BIGINT UNSIGNED NOT NULL,
+  is_new    BOOLEAN         NOT NULL
+) ENGINE=MEMORY;
+INSERT INTO tmp_chunk (review_id, stage_seq, is_new)
+SELECT s.review_id, s.stage_seq, r.review_id IS NULL
+FROM review_sentiment_stage s
+LEFT JOIN review_sentiment r ON r.review_id = s.review_id
+WHERE s.run_id = %(run_id)s AND s.review_id BETWEEN %(lo)s AND %(hi)s
+  AND (%(dedupe)s = 0 OR s.stage_seq = (SELECT MAX(d.stage_seq) FROM review_sentiment_stage d
+                                       WHERE d.run_id = s.run_id AND d.review_id = s.review_id))
+  AND (r.review_id IS NULL OR NOT (
+    CAST(r.hotel_id AS BINARY) <=> CAST(s.hotel_id AS BINARY) AND r.review_created_at <=> s.review_created_at
+    AND CAST(r.lang AS BINARY) <=> CAST(s.lang AS BINARY) AND CAST(r.input_key AS BINARY) <=> CAST(s.input_key AS BINARY)
+    AND CAST(r.sentiment AS BINARY) <=> CAST(s.sentiment AS BINARY)
+    AND CAST(r.summary AS BINARY) <=> CAST(s.summary AS BINARY)
+    AND CAST(r.aspects AS BINARY) <=> CAST(s.aspects AS BINARY) AND r.truncated <=> s.truncated
+    AND CAST(r.error AS BINARY) <=> CAST(s.error AS BINARY) AND CAST(r.model AS BINARY) <=> CAST(s.model AS BINARY)
+    AND CAST(r.prompt_version AS BINARY) <=> CAST(s.prompt_version AS BINARY)
+    AND r.tokens_in <=> s.tokens_in AND r.tokens_out <=> s.tokens_out AND r.latency_ms <=> s.latency_ms
+    AND r.analysed_at <=> s.analysed_at AND CAST(r.run_id AS BINARY) <=> CAST(s.run_id AS BINARY)));
 
--- The upsert: VALUES() works on MySQL 8 and MariaDB alike. Identical values count as 0 changed rows.
+-- @deltas
+-- 2. Contributions to the aggregates, per (hotel, day) and per (hotel, day, aspect) from the aspects JSON of
+--    analysed reviews (error IS NULL): + the new versions here, - the old versions in @old.
+DROP TEMPORARY TABLE IF EXISTS tmp_daily_delta;
+CREATE TEMPORARY TABLE tmp_daily_delta (
+  hotel_id VARCHAR(64) NOT NULL, day DATE NOT NULL, reviews INT NOT NULL, analysed INT NOT NULL,
+  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, mixed INT NOT NULL, errors INT NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+DROP TEMPORARY TABLE IF EXISTS tmp_aspect_delta;
+CREATE TEMPORARY TABLE tmp_aspect_delta (
+  hotel_id VARCHAR(64) NOT NULL, day DATE NOT NULL, aspect VARCHAR(32) NOT NULL, mentions INT NOT NULL,
+  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, KEY (hotel_id, day, aspect)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+INSERT INTO tmp_daily_delta (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors)
+SELECT s.hotel_id, DATE(s.review_created_at), COUNT(*), SUM(s.error IS NULL), SUM(s.sentiment <=> 'positive'),
+  SUM(s.sentiment <=> 'negative'), SUM(s.sentiment <=> 'neutral'), SUM(s.sentiment <=> 'mixed'), SUM(s.error IS NOT NULL)
+FROM tmp_chunk c
+JOIN review_sentiment_stage s ON s.run_id = %(run_id)s AND s.review_id = c.review_id AND s.stage_seq = c.stage_seq
+  AND s.review_id BETWEEN %(lo)s AND %(hi)s
+WHERE s.hotel_id IS NOT NULL AND s.review_created_at IS NOT NULL
+GROUP BY s.hotel_id, DATE(s.review_created_at);
+INSERT INTO tmp_aspect_delta (hotel_id, day, aspect, mentions, positive, negative, neutral)
+SELECT s.hotel_id, DATE(s.review_created_at), jt.aspect, COUNT(*), SUM(jt.sentiment <=> 'positive'),
+  SUM(jt.sentiment <=> 'negative'), SUM(jt.sentiment <=> 'neutral')
+FROM tmp_chunk c
+JOIN review_sentiment_stage s ON s.run_id = %(run_id)s AND s.review_id = c.review_id AND s.stage_seq = c.stage_seq
+  AND s.review_id BETWEEN %(lo)s AND %(hi)s
+JOIN JSON_TABLE(s.aspects, '$[*]' COLUMNS (aspect VARCHAR(32) PATH '$.aspect',
+  sentiment VARCHAR(16) PATH '$.sentiment')) jt
+WHERE s.error IS NULL AND jt.aspect IS NOT NULL AND s.hotel_id IS NOT NULL AND s.review_created_at IS NOT NULL
+GROUP BY s.hotel_id, DATE(s.review_created_at), jt.aspect;
+-- @old
+-- 3. The stored versions of the changed reviews, read before the upsert overwrites them.
+INSERT INTO tmp_daily_delta (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors)
+SELECT r.hotel_id, DATE(r.review_created_at), -COUNT(*), -SUM(r.error IS NULL), -SUM(r.sentiment <=> 'positive'),
+  -SUM(r.sentiment <=> 'negative'), -SUM(r.sentiment <=> 'neutral'), -SUM(r.sentiment <=> 'mixed'),
+  -SUM(r.error IS NOT NULL)
+FROM tmp_chunk c
+JOIN review_sentiment r ON r.review_id = c.review_id
+WHERE c.is_new = 0 AND r.hotel_id IS NOT NULL AND r.review_created_at IS NOT NULL
+GROUP BY r.hotel_id, DATE(r.review_created_at);
+INSERT INTO tmp_aspect_delta (hotel_id, day, aspect, mentions, positive, negative, neutral)
+SELECT r.hotel_id, DATE(r.review_created_at), jt.aspect, -COUNT(*), -SUM(jt.sentiment <=> 'positive'),
+  -SUM(jt.sentiment <=> 'negative'), -SUM(jt.sentiment <=> 'neutral')
+FROM tmp_chunk c
+JOIN review_sentiment r ON r.review_id = c.review_id
+JOIN JSON_TABLE(r.aspects, '$[*]' COLUMNS (aspect VARCHAR(32) PATH '$.aspect',
+  sentiment VARCHAR(16) PATH '$.sentiment')) jt
+WHERE c.is_new = 0 AND r.error IS NULL AND jt.aspect IS NOT NULL AND r.hotel_id IS NOT NULL
+  AND r.review_created_at IS NOT NULL
+GROUP BY r.hotel_id, DATE(r.review_created_at), jt.aspect;
+
+-- @upsert
+-- 4. The upsert of the changed reviews: VALUES() works on MySQL 8 and MariaDB alike. Affected rows: 1 per
+--    insert, 2 per changed row (commit_run turns that into rows changed).
 INSERT INTO review_sentiment (
   review_id, hotel_id, review_created_at, lang, input_key, sentiment, summary, aspects, truncated, error,
   model, prompt_version, tokens_in, tokens_out, latency_ms, analysed_at, run_id)
-SELECT review_id, hotel_id, review_created_at, lang, input_key, sentiment, summary, aspects, truncated, error,
-  model, prompt_version, tokens_in, tokens_out, latency_ms, analysed_at, run_id
-FROM review_sentiment_stage WHERE run_id = %(run_id)s
+SELECT s.review_id, s.hotel_id, s.review_created_at, s.lang, s.input_key, s.sentiment, s.summary, s.aspects,
+  s.truncated, s.error, s.model, s.prompt_version, s.tokens_in, s.tokens_out, s.latency_ms, s.analysed_at, s.run_id
+FROM tmp_chunk c
+JOIN review_sentiment_stage s ON s.run_id = %(run_id)s AND s.review_id = c.review_id AND s.stage_seq = c.stage_seq
+  AND s.review_id BETWEEN %(lo)s AND %(hi)s
 ON DUPLICATE KEY UPDATE
   hotel_id = VALUES(hotel_id), review_created_at = VALUES(review_created_at), lang = VALUES(lang),
   input_key = VALUES(input_key), sentiment = VALUES(sentiment), summary = VALUES(summary),
@@ -27,52 +114,59 @@ ON DUPLICATE KEY UPDATE
   prompt_version = VALUES(prompt_version), tokens_in = VALUES(tokens_in), tokens_out = VALUES(tokens_out),
   latency_ms = VALUES(latency_ms), analysed_at = VALUES(analysed_at), run_id = VALUES(run_id);
 
--- Per hotel and day: recomputed from review_sentiment for the touched keys only.
+-- @apply
+-- 5. Apply the deltas. Shares are computed from the resulting counts exactly as a recompute does
+--    (count / NULLIF(analysed, 0), DECIMAL(5,4)); keys and aspects left with no review are deleted. (The shares
+--    in the SELECT only serve new keys, whose delta is their whole count; the NULLIF guards the rows that go to
+--    the UPDATE branch, where an unchanged count is a zero delta.)
 INSERT INTO hotel_sentiment_daily (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors,
   share_positive, share_negative, share_neutral, share_mixed)
-SELECT hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors,
-  positive / NULLIF(analysed, 0), negative / NULLIF(analysed, 0), neutral / NULLIF(analysed, 0), mixed / NULLIF(analysed, 0)
+SELECT hotel_id, day, d_reviews, d_analysed, d_positive, d_negative, d_neutral, d_mixed, d_errors,
+  d_positive / NULLIF(d_analysed, 0), d_negative / NULLIF(d_analysed, 0), d_neutral / NULLIF(d_analysed, 0),
+  d_mixed / NULLIF(d_analysed, 0)
 FROM (
-  SELECT r.hotel_id, DATE(r.review_created_at) AS day, COUNT(*) AS reviews, SUM(r.error IS NULL) AS analysed,
-    SUM(r.sentiment <=> 'positive') AS positive, SUM(r.sentiment <=> 'negative') AS negative,
-    SUM(r.sentiment <=> 'neutral') AS neutral, SUM(r.sentiment <=> 'mixed') AS mixed, SUM(r.error IS NOT NULL) AS errors
-  FROM review_sentiment r
-  JOIN tmp_touched_keys k ON k.hotel_id = r.hotel_id AND r.review_created_at >= k.day
-    AND r.review_created_at < k.day + INTERVAL 1 DAY
-  GROUP BY r.hotel_id, DATE(r.review_created_at)
-) agg
-ON DUPLICATE KEY UPDATE reviews = VALUES(reviews), analysed = VALUES(analysed), positive = VALUES(positive),
-  negative = VALUES(negative), neutral = VALUES(neutral), mixed = VALUES(mixed), errors = VALUES(errors),
-  share_positive = VALUES(share_positive), share_negative = VALUES(share_negative),
-  share_neutral = VALUES(share_neutral), share_mixed = VALUES(share_mixed);
+  SELECT hotel_id, day, SUM(reviews) AS d_reviews, SUM(analysed) AS d_analysed, SUM(positive) AS d_positive,
+    SUM(negative) AS d_negative, SUM(neutral) AS d_neutral, SUM(mixed) AS d_mixed, SUM(errors) AS d_errors
+  FROM tmp_daily_delta GROUP BY hotel_id, day
+) delta
+WHERE d_reviews <> 0 OR d_analysed <> 0 OR d_positive <> 0 OR d_negative <> 0 OR d_neutral <> 0 OR d_mixed <> 0
+  OR d_errors <> 0
+ON DUPLICATE KEY UPDATE
+  reviews = hotel_sentiment_daily.reviews + VALUES(reviews),
+  analysed = hotel_sentiment_daily.analysed + VALUES(analysed),
+  positive = hotel_sentiment_daily.positive + VALUES(positive),
+  negative = hotel_sentiment_daily.negative + VALUES(negative),
+  neutral = hotel_sentiment_daily.neutral + VALUES(neutral),
+  mixed = hotel_sentiment_daily.mixed + VALUES(mixed),
+  errors = hotel_sentiment_daily.errors + VALUES(errors),
+  share_positive = hotel_sentiment_daily.positive / NULLIF(hotel_sentiment_daily.analysed, 0),
+  share_negative = hotel_sentiment_daily.negative / NULLIF(hotel_sentiment_daily.analysed, 0),
+  share_neutral = hotel_sentiment_daily.neutral / NULLIF(hotel_sentiment_daily.analysed, 0),
+  share_mixed = hotel_sentiment_daily.mixed / NULLIF(hotel_sentiment_daily.analysed, 0);
+DELETE d FROM hotel_sentiment_daily d
+JOIN tmp_daily_delta t ON t.hotel_id = d.hotel_id AND t.day = d.day
+WHERE d.reviews = 0;
+INSERT INTO aspect_sentiment (hotel_id, day, aspect, mentions, positive, negative, neutral, share_positive,
+  share_negative)
+SELECT hotel_id, day, aspect, d_mentions, d_positive, d_negative, d_neutral,
+  COALESCE(d_positive / NULLIF(d_mentions, 0), 0), COALESCE(d_negative / NULLIF(d_mentions, 0), 0)
+FROM (
+  SELECT hotel_id, day, aspect, SUM(mentions) AS d_mentions, SUM(positive) AS d_positive,
+    SUM(negative) AS d_negative, SUM(neutral) AS d_neutral
+  FROM tmp_aspect_delta GROUP BY hotel_id, day, aspect
+) delta
+WHERE d_mentions <> 0 OR d_positive <> 0 OR d_negative <> 0 OR d_neutral <> 0
+ON DUPLICATE KEY UPDATE
+  mentions = aspect_sentiment.mentions + VALUES(mentions),
+  positive = aspect_sentiment.positive + VALUES(positive),
+  negative = aspect_sentiment.negative + VALUES(negative),
+  neutral = aspect_sentiment.neutral + VALUES(neutral),
+  share_positive = COALESCE(aspect_sentiment.positive / NULLIF(aspect_sentiment.mentions, 0), 0),
+  share_negative = COALESCE(aspect_sentiment.negative / NULLIF(aspect_sentiment.mentions, 0), 0);
+DELETE a FROM aspect_sentiment a
+JOIN tmp_aspect_delta t ON t.hotel_id = a.hotel_id AND t.day = a.day AND t.aspect = a.aspect
+WHERE a.mentions = 0;
 
--- Keys whose reviews all moved elsewhere.
-DELETE d FROM hotel_sentiment_daily d JOIN tmp_touched_keys k ON k.hotel_id = d.hotel_id AND k.day = d.day
-WHERE NOT EXISTS (SELECT 1 FROM review_sentiment r WHERE r.hotel_id = d.hotel_id
-  AND r.review_created_at >= d.day AND r.review_created_at < d.day + INTERVAL 1 DAY);
-
--- Per hotel, day and aspect, from the aspects JSON of each analysed review.
-CREATE TEMPORARY TABLE IF NOT EXISTS tmp_aspects (hotel_id VARCHAR(64) NOT NULL, day DATE NOT NULL,
-  aspect VARCHAR(32) NOT NULL, mentions INT NOT NULL, positive INT NOT NULL, negative INT NOT NULL,
-  neutral INT NOT NULL, PRIMARY KEY (hotel_id, day, aspect));
-DELETE FROM tmp_aspects;
-INSERT INTO tmp_aspects
-SELECT r.hotel_id, DATE(r.review_created_at), jt.aspect, COUNT(*), SUM(jt.sentiment <=> 'positive'),
-  SUM(jt.sentiment <=> 'negative'), SUM(jt.sentiment <=> 'neutral')
-FROM review_sentiment r
-JOIN tmp_touched_keys k ON k.hotel_id = r.hotel_id AND r.review_created_at >= k.day
-  AND r.review_created_at < k.day + INTERVAL 1 DAY
-JOIN JSON_TABLE(r.aspects, '$[*]' COLUMNS (aspect VARCHAR(32) PATH '$.aspect',
-  sentiment VARCHAR(16) PATH '$.sentiment')) jt
-WHERE r.error IS NULL AND jt.aspect IS NOT NULL
-GROUP BY r.hotel_id, DATE(r.review_created_at), jt.aspect;
-DELETE a FROM aspect_sentiment a JOIN tmp_touched_keys k ON k.hotel_id = a.hotel_id AND k.day = a.day
-WHERE NOT EXISTS (SELECT 1 FROM tmp_aspects t WHERE t.hotel_id = a.hotel_id AND t.day = a.day AND t.aspect = a.aspect);
-INSERT INTO aspect_sentiment (hotel_id, day, aspect, mentions, positive, negative, neutral, share_positive, share_negative)
-SELECT hotel_id, day, aspect, mentions, positive, negative, neutral, positive / mentions, negative / mentions
-FROM tmp_aspects
-ON DUPLICATE KEY UPDATE mentions = VALUES(mentions), positive = VALUES(positive), negative = VALUES(negative),
-  neutral = VALUES(neutral), share_positive = VALUES(share_positive), share_negative = VALUES(share_negative);
-
--- The staged rows are spent.
-DELETE FROM review_sentiment_stage WHERE run_id = %(run_id)s;
+-- @spent
+-- 6. The chunk's staged rows are spent (every copy of its reviews, changed or not).
+DELETE FROM review_sentiment_stage WHERE run_id = %(run_id)s AND review_id BETWEEN %(lo)s AND %(hi)s;

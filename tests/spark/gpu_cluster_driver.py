@@ -1,105 +1,93 @@
-"""A separate Spark driver for test_gpu_cluster.py: analyse() on a standalone cluster, one JSON line out."""
+"""A separate Spark driver for test_gpu_cluster.py: run_batch on a standalone cluster, one JSON line out.
+
+Whole run: JDBC read -> clean -> skip current -> mapInPandas (the inference stage, with its ResourceProfile)
+-> staging write -> commit, with the echo test engine (tests/support/echo_engine.py) recording its calls.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
-from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-
-TEXTS = [
-    "Room {i} was spotless and the staff were kind.",
-    "Breakfast was cold, the lift broken, and nobody at reception cared (stay {i}).",
-    "房间{i}很干净，服务员态度很好，早餐一般。",
-    "位置不错，但是隔音太差，晚上很吵。第{i}次住。",
-]
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--master", required=True, help="spark://host:port of the standalone Master")
-    parser.add_argument("--model", required=True, help="the tiny model folder")
-    parser.add_argument("--rows", type=int, default=48)
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--executors", type=int, default=4)
+    parser.add_argument("--executor-cores", type=int, default=2)
+    parser.add_argument("--records", required=True, help="folder for the echo engine's records")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="config overrides")
+    parser.add_argument("--conf", action="append", default=[], help="extra Spark settings k=v")
     args = parser.parse_args()
 
-    from pyspark.sql import SparkSession
-    from pyspark.sql import functions as F
+    import logging
+    import sys
 
-    from qwenspark.clean import clean
+    from pyspark.sql import SparkSession
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
     from qwenspark.config import load_config
-    from qwenspark.pipeline import analyse, new_metrics
-    from qwenspark.schemas import INPUT_SCHEMA
-    from qwenspark.session import BASE_CONF, check_spark_conf
+    from qwenspark.pipeline import run_batch
 
     cfg = load_config(
         ROOT / "conf" / "local.yaml",
         [
-            f"engine.model={args.model}",
+            "engine.kind=custom",
+            "engine.factory=tests.support.echo_engine:build",
+            "engine.model=echo",
             "engine.default_model=false",
             "engine.device=cuda",  # the driver check must find the GPU settings below
-            f"engine.batch_size={args.batch_size}",
-            f"engine.max_tokens={args.max_tokens}",
-            "engine.env.VLLM_ENABLE_V1_MULTIPROCESSING=0",
-            "engine.env.VLLM_CPU_KVCACHE_SPACE=1",
-            f"job.repartition={args.partitions}",
+            "job.slots=null",  # from the cluster (local.yaml says 1, for local mode)
+            f"engine.engine_kwargs.record_dir={args.records}",
+            *args.overrides,
         ],
     )
-    fast_jvm = "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     conf = {
-        **BASE_CONF,
         "spark.jars": str(cfg.db.jdbc_jar),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.driver.extraJavaOptions": fast_jvm,
-        "spark.executor.extraJavaOptions": fast_jvm,
-        # Two executors of one core each, each holding one of the worker's two (fake) GPUs.
-        "spark.executor.cores": "1",
-        "spark.cores.max": "2",
-        "spark.executor.memory": "2g",
-        "spark.executor.resource.gpu.amount": "1",
-        "spark.task.resource.gpu.amount": "1",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.driver.extraJavaOptions": f"-Duser.timezone=UTC {FAST_JVM}",
+        "spark.executor.extraJavaOptions": f"-Duser.timezone=UTC {FAST_JVM}",
+        "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
-        # Start scheduling only once both executors are up: otherwise the first one could take every task.
+        # N executors of C cores, each holding one of the worker's (fake) GPUs. spark.task.resource.gpu.amount
+        # stays unset: the read and write stages run C tasks per executor and hold no GPU; the inference stage
+        # asks for one GPU per task through its ResourceProfile.
+        "spark.executor.cores": str(args.executor_cores),
+        "spark.cores.max": str(args.executors * args.executor_cores),
+        "spark.executor.memory": "1g",
+        "spark.executor.resource.gpu.amount": "1",
+        # Start scheduling only once every executor is up: otherwise the first ones could take every task.
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+        **dict(item.split("=", 1) for item in args.conf),
     }
     builder = SparkSession.builder.master(args.master).appName("qwenspark-gpu-cluster-test")
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     try:
-        check_spark_conf(spark, cfg)
-        start = datetime(2026, 11, 1)
-        data = [
-            (i, f"H{i % 3}", start + timedelta(hours=i), "zh" if i % 4 >= 2 else "en", 1 + i % 5,
-             TEXTS[i % 4].format(i=i))
-            for i in range(args.rows)
-        ]
-        metrics = new_metrics(spark)
         started = time.perf_counter()
-        result = analyse(clean(spark.createDataFrame(data, INPUT_SCHEMA), cfg), cfg, metrics)
-        # spark_partition_id() after mapInPandas is the index of the task that produced the row.
-        rows = result.select("review_id", "error", F.spark_partition_id().alias("task")).collect()
-        seconds = time.perf_counter() - started
+        summary = run_batch(spark, cfg)
         print(
             json.dumps(
                 {
-                    "rows": len(rows),
-                    "review_ids": sorted(r.review_id for r in rows),
-                    "errors": sum(r.error is not None for r in rows),
-                    "tasks": sorted({r.task for r in rows}),
-                    "engine_loads": dict(metrics.engine_loads.value),
-                    "gpu_bindings": dict(metrics.gpu_bindings.value),
-                    "batch_sizes": dict(metrics.batch_sizes.value),
-                    "metric_rows": metrics.rows.value,
-                    "seconds": round(seconds, 1),
+                    "status": summary.status,
+                    "rows_analysed": summary.rows_analysed,
+                    "rows_ok": summary.rows_ok,
+                    "slots": summary.slots,
+                    "partitions": summary.partitions,
+                    "rows_per_engine": summary.rows_per_engine,
+                    "seconds": round(time.perf_counter() - started, 2),
+                    "seconds_analyse": round(summary.seconds_analyse, 2),
                 }
             ),
             flush=True,

@@ -1,8 +1,10 @@
 """The nightly DAG through real Airflow (`scripts/airflow-test.sh` -> `airflow dags test` -> SparkSubmitOperator
--> spark-submit jobs/hotel_sentiment.py) against the test MariaDB and the tiny model.
+-> spark-submit jobs/hotel_sentiment.py) against the test MariaDB and the echo engine (tests/support/echo_engine.py:
+the DAG's interval, the job's window and the replay are tested here, not the model). spark-submit runs in .venv with
+the repo root on PYTHONPATH, inherited through Airflow, so that its Python workers import the echo engine.
 
 Airflow lives in its own venv (.venv-airflow, created by the script on first use: about 1-2 min); each DAG run
-then costs about 40-60 s (Airflow start, spark-submit, the tiny model's load).
+then costs about 30-40 s (Airflow start, spark-submit).
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ import pytest
 import yaml
 
 from qwenspark.config import QwenSparkConfig
-from tests.spark.conftest import load_reviews, query, reset_tables, snapshot
+from tests.spark.conftest import echo_records, load_reviews, query, recording, reset_tables, snapshot
 
 pytestmark = [
     pytest.mark.spark,
-    pytest.mark.engine,
     pytest.mark.skipif(
         os.environ.get("QWENSPARK_SKIP_AIRFLOW") == "1",
         reason="QWENSPARK_SKIP_AIRFLOW=1: the Airflow DAG test is switched off (it installs .venv-airflow)",
@@ -76,6 +77,9 @@ def _run_dag(config: Path, airflow_home: Path) -> str:
     """scripts/airflow-test.sh for LOGICAL_DATE; its whole output (the task log included) on success."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "QWENSPARK_DB_PASSWORD"))}
     env.update(QWENSPARK_CONFIG=str(config), AIRFLOW_HOME=str(airflow_home))
+    # The job's Python workers import tests.support.echo_engine: the repo root goes on their path. The task's
+    # spark-submit inherits Airflow's environment (env_vars only add to it), and so do Spark's Python workers.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     # 15 min: enough for creating .venv-airflow on a first run plus one DAG run on a busy machine.
     done = subprocess.run(
         [str(SCRIPT), LOGICAL_DATE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=900, check=False
@@ -86,19 +90,21 @@ def _run_dag(config: Path, airflow_home: Path) -> str:
 
 
 def test_nightly_dag_processes_its_day_once_then_replays_idempotently(
-    tiny_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
+    echo_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
 ) -> None:
-    reset_tables(tiny_cfg)
+    records = tmp_path / "echo"
+    cfg = recording(echo_cfg, records)
+    reset_tables(cfg)
     reviews = _reviews(dev_reviews)
-    load_reviews(tiny_cfg, reviews, tmp_path)
-    config = _write_config(tiny_cfg, tmp_path / "airflow-test.yaml")
+    load_reviews(cfg, reviews, tmp_path)
+    config = _write_config(cfg, tmp_path / "airflow-test.yaml")
     # One Airflow home per test run: a fresh SQLite DB, so the dag_run rows below are this test's only.
     airflow_home = tmp_path / "airflow"
     expected = sorted(int(r) for r in reviews.review_id[reviews.created_at.str.startswith(DAY)])
     assert expected == [5, 6, 7, 8]
 
     output = _run_dag(config, airflow_home)
-    password = tiny_cfg.db.password().get_secret_value()
+    password = cfg.db.password().get_secret_value()
     assert password not in output, "the DB password must never reach Airflow's logs or the spark-submit command"
 
     # Airflow's own record of the interval it handed to the job.
@@ -109,18 +115,21 @@ def test_nightly_dag_processes_its_day_once_then_replays_idempotently(
     assert len(runs) == 1 and runs[0][0] == "success", runs
     assert str(runs[0][1]).startswith("2026-11-02 00:00:00") and str(runs[0][2]).startswith("2026-11-03 00:00:00")
 
-    ids = [r[0] for r in query(tiny_cfg, "SELECT review_id FROM review_sentiment ORDER BY review_id")]
+    ids = [r[0] for r in query(cfg, "SELECT review_id FROM review_sentiment ORDER BY review_id")]
     assert ids == expected, "only the reviews created in [11-02 00:00, 11-03 00:00), once each"
-    first = query(tiny_cfg, "SELECT status, rows_selected, rows_analysed, rows_changed FROM job_runs")
+    # the engine of the spark-submit'ed job (its own record): the day's 4 reviews, nothing else
+    assert sum(c["rows"] for c in echo_records(records)) == 4
+    first = query(cfg, "SELECT status, rows_selected, rows_analysed, rows_changed FROM job_runs")
     assert [tuple(r) for r in first] == [("succeeded", 4, 4, 4)]
-    days = query(tiny_cfg, "SELECT DISTINCT day FROM hotel_sentiment_daily")
+    days = query(cfg, "SELECT DISTINCT day FROM hotel_sentiment_daily")
     assert [str(d[0]) for d in days] == [DAY]
 
-    before = snapshot(tiny_cfg)
+    before = snapshot(cfg)
     _run_dag(config, airflow_home)
+    assert sum(c["rows"] for c in echo_records(records)) == 4, "the replayed day sent nothing to the engine"
     runs2 = query(
-        tiny_cfg,
+        cfg,
         "SELECT status, rows_selected, rows_analysed, rows_skipped, rows_changed FROM job_runs ORDER BY started_at",
     )
     assert len(runs2) == 2 and tuple(runs2[1]) == ("succeeded", 4, 0, 4, 0), runs2
-    assert snapshot(tiny_cfg) == before, "the replayed day leaves the result tables identical"
+    assert snapshot(cfg) == before, "the replayed day leaves the result tables identical"

@@ -1,4 +1,5 @@
-"""The batch job with the Delta copy on: each committed review once in Delta, a second run changes nothing."""
+"""The batch job with the Delta copy on: each committed review once in Delta, a second run changes nothing
+(the echo engine: the copy, not the model, is tested here)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from qwenspark.io.delta import backfill_delta, read_delta_as_spark, run_version
 from qwenspark.pipeline import run_batch
 from tests.spark.conftest import load_reviews, query, reset_tables
 
-pytestmark = [pytest.mark.spark, pytest.mark.engine]
+pytestmark = pytest.mark.spark
 
 deltalake = pytest.importorskip("deltalake")
 
@@ -37,17 +38,17 @@ def _reviews(dev: pd.DataFrame, n: int = 12) -> pd.DataFrame:
 
 def test_delta_copy_each_review_once_then_unchanged(
     spark: SparkSession,
-    tiny_cfg: QwenSparkConfig,
+    echo_cfg: QwenSparkConfig,
     dev_reviews: pd.DataFrame,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    reset_tables(tiny_cfg)
+    reset_tables(echo_cfg)
     reviews = _reviews(dev_reviews)
-    load_reviews(tiny_cfg, reviews, tmp_path)
+    load_reviews(echo_cfg, reviews, tmp_path)
     path = str(tmp_path / "delta" / "review_sentiment")
-    cfg = tiny_cfg.model_copy(
-        update={"delta": tiny_cfg.delta.model_copy(update={"enabled": True, "path": path})}
+    cfg = echo_cfg.model_copy(
+        update={"delta": echo_cfg.delta.model_copy(update={"enabled": True, "path": path})}
     )
     n = len(reviews)
 
@@ -64,6 +65,7 @@ def test_delta_copy_each_review_once_then_unchanged(
     cols = ("review_id", "sentiment", "error", "summary")
     delta_rows = [tuple(r) for r in df.select(*cols).orderBy("review_id").collect()]
     assert delta_rows == mysql_rows
+    assert sum(r[2] is not None for r in mysql_rows) == 1 and sum(r[1] is not None for r in mysql_rows) == n - 1
     (finished,) = query(cfg, f"SELECT finished_at FROM job_runs WHERE run_id = '{first.run_id}'")[0]
     table = deltalake.DeltaTable(path)
     assert table.transaction_version(cfg.delta.app_id) == run_version(finished)  # type: ignore[arg-type]

@@ -1,164 +1,181 @@
-"""A real standalone cluster with two fake GPUs: one engine per executor, each on its own GPU address."""
+"""A real standalone cluster with 4 executors of one fake GPU each: the whole batch run keeps 4 engines busy.
+
+Proof from the echo engine's own records (tests/support/echo_engine.py writes them; the code under test does
+not): 4 engines, each on a distinct GPU address and each analysing a share of the rows, 4 inference tasks at
+once and never more, no address used by two engines at once, every review committed once, and a staging write
+task that fails midway is retried without running the model again.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
+from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
-import pyspark
+import pandas as pd
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.engine]
+from qwenspark.config import QwenSparkConfig, load_config
+from qwenspark.io import mysql
+from tests.spark.conftest import load_reviews, query, reset_tables
+from tests.support.standalone import SPARK_HOME, stop_group, tail
+from tests.support.standalone import standalone_cluster as start_standalone
+
+pytestmark = [pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
-SPARK_HOME = Path(pyspark.__file__).resolve().parent
 DRIVER = Path(__file__).resolve().parent / "gpu_cluster_driver.py"
-FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-ROWS, PARTITIONS, BATCH = 48, 8, 4
+EXECUTORS, EXECUTOR_CORES, ROWS = 4, 2, 240
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"({path} unreadable)"
-
-
-def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 20) -> None:
-    """TERM the process group (the daemon, its executors and their Python workers), then KILL what is left."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
-    # Executors or Python workers the daemon did not take down are still in its group.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-
-
-def start_daemon(
-    args: list[str], log: Path, env: dict[str, str], ready: str, timeout_s: float = 90
-) -> subprocess.Popen[bytes]:
-    """spark-class CLASS ARGS in its own process group; returns once `ready` appears in its log."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(SPARK_HOME / "bin" / "spark-class"), *args],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-        )
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if ready in log.read_text(errors="replace"):
-            return proc
-        if proc.poll() is not None:
-            break
-        time.sleep(0.5)
-    stop_group(proc)
-    pytest.fail(f"{args[0]} not ready after {timeout_s:.0f} s (exit {proc.returncode}):\n{tail(log)}")
-
-
-@pytest.fixture
-def standalone_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """Master + one Worker (2 cores, 6g, GPUs "0" and "1" from the discovery script); stopped at teardown."""
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(SPARK_HOME),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_LOCAL_DIRS": str(tmp_path / "local"),
-        "SPARK_DAEMON_JAVA_OPTS": FAST_JVM,
-    }
-    master_conf = tmp_path / "master.conf"
-    # The REST submission server would take the fixed port 6066: not needed.
-    master_conf.write_text("spark.master.rest.enabled false\n")
-    worker_conf = tmp_path / "worker.conf"
-    worker_conf.write_text(
-        "spark.worker.resource.gpu.amount 2\n"
-        f"spark.worker.resource.gpu.discoveryScript {ROOT / 'conf' / 'getGpusResources.sh'}\n"
-    )
-    port = free_port()
-    url = f"spark://127.0.0.1:{port}"
-    daemons: list[subprocess.Popen[bytes]] = []
-    try:
-        daemons.append(
-            start_daemon(
-                ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-                 "--webui-port", str(free_port()), "--properties-file", str(master_conf)],
-                tmp_path / "master.log", env, "I have been elected leader",
-            )
-        )
-        daemons.append(
-            start_daemon(
-                ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                 "--webui-port", str(free_port()), "--cores", "2", "--memory", "6g",
-                 "--work-dir", str(tmp_path / "work"), "--properties-file", str(worker_conf)],
-                tmp_path / "worker.log", {**env, "QWENSPARK_FAKE_GPUS": "0,1"}, "Successfully registered with master",
-            )
-        )
+@pytest.fixture(scope="module")
+def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Master + one Worker offering 8 cores and fake GPUs "0".."3" from the discovery script."""
+    tmp_path = tmp_path_factory.mktemp("cluster")
+    with start_standalone(tmp_path, gpus=EXECUTORS, cores=EXECUTORS * EXECUTOR_CORES) as url:
         yield url, tmp_path
-    finally:
-        for proc in reversed(daemons):  # the worker first: it stops its executors
-            stop_group(proc)
 
 
-def test_one_engine_per_executor_each_on_its_own_gpu(
-    standalone_cluster: tuple[str, Path], tiny_model: Path
-) -> None:
-    url, logs = standalone_cluster
-    env = {
-        **os.environ,
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_HOME": str(SPARK_HOME),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-    driver_log = logs / "driver.log"
-    cmd = [sys.executable, str(DRIVER), "--master", url, "--model", str(tiny_model), "--rows", str(ROWS),
-           "--partitions", str(PARTITIONS), "--batch-size", str(BATCH)]
+def cluster_cfg(mariadb: dict[str, object], *overrides: str) -> QwenSparkConfig:
+    return load_config(
+        ROOT / "conf" / "local.yaml",
+        [f"db.port={mariadb['port']}", f"db.password_file={mariadb['password_file']}",
+         "db.password_env=QWENSPARK_TEST_NO_SUCH_VAR", "engine.kind=custom", "engine.model=echo",
+         "engine.factory=tests.support.echo_engine:build", "engine.default_model=false", *overrides],
+    )
+
+
+def reviews(first_id: int, n: int) -> pd.DataFrame:
+    start = datetime(2026, 11, 1)
+    texts = ["Room {i} was spotless and the staff were kind.", "Breakfast was cold and the lift broken ({i}).",
+             "房间{i}很干净，服务员态度很好。", "位置不错，但是隔音太差，晚上很吵。第{i}次住。"]
+    return pd.DataFrame(
+        [(i, f"H{i % 5}", (start + timedelta(hours=i % 200)).strftime("%Y-%m-%d %H:%M:%S"),
+          "zh" if i % 4 >= 2 else "en", 1 + i % 5, texts[i % 4].format(i=i)) for i in range(first_id, first_id + n)],
+        columns=["review_id", "hotel_id", "created_at", "lang", "rating", "text"],
+    )
+
+
+def run_driver(url: str, logs: Path, name: str, mariadb: dict[str, object], *extra: str) -> dict[str, object]:
+    """Run gpu_cluster_driver.py against the cluster; its JSON summary (fails with the logs on error)."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1"}
+    records = logs / f"records-{name}"
+    cmd = [sys.executable, str(DRIVER), "--master", url, "--executors", str(EXECUTORS),
+           "--executor-cores", str(EXECUTOR_CORES), "--records", str(records),
+           "--set", f"db.port={mariadb['port']}", "--set", f"db.password_file={mariadb['password_file']}",
+           "--set", "db.password_env=QWENSPARK_TEST_NO_SUCH_VAR", "--set", "engine.batch_size=8",
+           "--set", "engine.engine_kwargs.seconds_per_token=0.004", *extra]
+    driver_log = logs / f"driver-{name}.log"
     with driver_log.open("wb") as err:
         # A separate driver process: this test session's JVM already holds the local SparkContext.
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
         try:
-            stdout, _ = proc.communicate(timeout=240)
+            stdout, _ = proc.communicate(timeout=300)
         except subprocess.TimeoutExpired:
             stop_group(proc, grace_s=5)
             stdout = b""
-    executor_logs = sorted((logs / "work").glob("app-*/*/stderr"))
-    context = "\n".join(
-        [f"--- driver (exit {proc.returncode}) ---", tail(driver_log)]
-        + [f"--- {p.relative_to(logs)} ---\n{tail(p, 15)}" for p in executor_logs]
-    )
-    (logs / "driver.out").write_bytes(stdout)
     lines = [line for line in stdout.decode(errors="replace").splitlines() if line.startswith("{")]
-    assert proc.returncode == 0 and lines, context
-    result = json.loads(lines[-1])
+    assert proc.returncode == 0 and lines, f"driver exit {proc.returncode}:\n{tail(driver_log, 60)}"
+    return {**json.loads(lines[-1]), "records": records, "log": driver_log}
 
-    assert result["rows"] == ROWS and result["review_ids"] == list(range(ROWS)), "one row out per row in"
-    assert result["metric_rows"] == ROWS
-    assert result["tasks"] == list(range(PARTITIONS)), "every one of the 8 tasks produced rows"
-    batches = sum(result["batch_sizes"].values())
-    assert batches >= ROWS // BATCH, result["batch_sizes"]
 
-    # Two executors (two Python workers), each bound to a distinct GPU address ("pid:addresses" keys).
-    bindings = dict(key.split(":", 1) for key in result["gpu_bindings"])
-    assert len(bindings) == 2, result["gpu_bindings"]
-    assert set(bindings.values()) == {"0", "1"}, result["gpu_bindings"]
-    # One engine load per executor, however many tasks and batches ran.
-    assert set(result["engine_loads"]) == set(bindings), result
-    assert list(result["engine_loads"].values()) == [1, 1], result["engine_loads"]
-    assert len(executor_logs) == 2, context
+def engine_records(folder: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for path in sorted(folder.glob("echo-*.jsonl")) for line in path.read_text().splitlines()]
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """Most intervals open at one instant."""
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    best = now = 0
+    for _, step in events:
+        now += step
+        best = max(best, now)
+    return best
+
+
+def test_four_gpu_slots_all_busy_through_the_whole_run(
+    standalone_cluster: tuple[str, Path], mariadb: dict[str, object], tmp_path: Path
+) -> None:
+    url, logs = standalone_cluster
+    cfg = cluster_cfg(mariadb)
+    reset_tables(cfg)
+    load_reviews(cfg, reviews(1, ROWS), tmp_path)
+
+    result = run_driver(url, logs, "slots", mariadb)
+    assert result["status"] == "succeeded" and result["rows_analysed"] == ROWS, result
+    assert result["slots"] == EXECUTORS and result["partitions"] == EXECUTORS, result
+
+    records = engine_records(Path(str(result["records"])))
+    loads = [r for r in records if r["event"] == "load"]
+    calls = [r for r in records if r["event"] == "call"]
+    # Four engines, one per executor, each on its own GPU address, each told the cores of its task.
+    assert sorted(str(r["devices"]) for r in loads) == ["0", "1", "2", "3"], loads
+    assert len({r["pid"] for r in loads}) == EXECUTORS, loads
+    assert {r["threads"] for r in loads} == {str(EXECUTOR_CORES)}, loads
+    # Every engine analysed a share, and the model saw each review exactly once (no re-run anywhere).
+    rows_per_engine = Counter()
+    for call in calls:
+        rows_per_engine[call["pid"]] += int(call["rows"])
+    assert len(rows_per_engine) == EXECUTORS and min(rows_per_engine.values()) >= ROWS // (4 * EXECUTORS), (
+        rows_per_engine
+    )
+    assert sum(rows_per_engine.values()) == ROWS
+    # Inference ran in 4 slots at once, never more (one task per GPU), and no address had two engines at once.
+    assert max_overlap([(float(c["start"]), float(c["end"])) for c in calls]) == EXECUTORS
+    by_device: dict[str, list[tuple[float, float]]] = {}
+    for pid in {r["pid"] for r in loads}:
+        mine = [(float(c["start"]), float(c["end"])) for c in calls if c["pid"] == pid]
+        device = next(str(r["devices"]) for r in loads if r["pid"] == pid)
+        by_device.setdefault(device, []).append((min(a for a, _ in mine), max(b for _, b in mine)))
+    assert all(len(spans) == 1 for spans in by_device.values()), by_device
+    # The result table is complete and reconciled.
+    assert query(cfg, "SELECT COUNT(*), COUNT(DISTINCT review_id), SUM(error IS NULL) FROM review_sentiment")[0] == (
+        ROWS, ROWS, ROWS
+    )
+    assert query(cfg, "SELECT COUNT(*) FROM review_sentiment_stage")[0][0] == 0
+
+
+def test_a_staging_write_task_failing_midway_is_retried_without_rerunning_the_model(
+    standalone_cluster: tuple[str, Path], mariadb: dict[str, object], tmp_path: Path
+) -> None:
+    url, logs = standalone_cluster
+    cfg = cluster_cfg(mariadb)
+    reset_tables(cfg)
+    first, n = 5000, 160
+    load_reviews(cfg, reviews(first, n), tmp_path)
+    fail_id = first + n // 2
+    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+        # A MyISAM counter is not rolled back with the failing statement: the trigger fires exactly once.
+        cur.execute("DROP TRIGGER IF EXISTS test_fail_once")
+        cur.execute("DROP TABLE IF EXISTS test_failctl")
+        cur.execute("CREATE TABLE test_failctl (n INT NOT NULL) ENGINE=MyISAM")
+        cur.execute("INSERT INTO test_failctl VALUES (1)")
+        cur.execute(
+            "CREATE TRIGGER test_fail_once BEFORE INSERT ON review_sentiment_stage FOR EACH ROW BEGIN "
+            f"IF NEW.review_id = {fail_id} AND (SELECT n FROM test_failctl) > 0 THEN "
+            "UPDATE test_failctl SET n = n - 1; "
+            "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'test: the staging write fails once'; END IF; END"
+        )
+    try:
+        # NONE: each JDBC batch commits, so the failed task leaves part of its rows staged before the retry.
+        result = run_driver(url, logs, "retry", mariadb, "--set", "sink.isolation_level=NONE",
+                            "--set", "sink.batchsize=10", "--set", "sink.write_partitions=2")
+        failed_once = query(cfg, "SELECT n FROM test_failctl")[0][0] == 0
+    finally:
+        with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+            cur.execute("DROP TRIGGER IF EXISTS test_fail_once")
+            cur.execute("DROP TABLE IF EXISTS test_failctl")
+    assert failed_once, "the injected write failure never fired"
+    assert "the staging write fails once" in Path(str(result["log"])).read_text(errors="replace")
+    assert result["status"] == "succeeded" and result["rows_analysed"] == n, result
+    calls = [r for r in engine_records(Path(str(result["records"]))) if r["event"] == "call"]
+    assert sum(int(c["rows"]) for c in calls) == n, "the retried write ran the model again"
+    assert query(cfg, "SELECT COUNT(*), COUNT(DISTINCT review_id), MIN(review_id), MAX(review_id) "
+                      "FROM review_sentiment")[0] == (n, n, first, first + n - 1)
+    assert query(cfg, "SELECT status, rows_analysed FROM job_runs")[0] == ("succeeded", n)

@@ -1,4 +1,6 @@
-"""The streaming job on real Spark + MariaDB + the tiny model: exactly once across kills, poison rows, idle gaps."""
+"""The streaming job on real Spark + MariaDB with the echo engine (tests/support/echo_engine.py): exactly once
+across kills, poison rows, idle gaps. The model is not the point here: the ledger, the rejects and the Python
+worker that keeps the cached engine through a quiet period are."""
 
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ from pyspark.sql import SparkSession
 from qwenspark.config import QwenSparkConfig
 from qwenspark.io import mysql
 from qwenspark.stream import StreamReport, run_stream
-from tests.spark.conftest import ROOT, query, reset_tables
+from tests.spark.conftest import ROOT, echo_records, query, recording, reset_tables
 
-pytestmark = [pytest.mark.spark, pytest.mark.engine]
+pytestmark = pytest.mark.spark
 
 
 def _stream_cfg(cfg: QwenSparkConfig, tmp_path: Path, **stream: object) -> QwenSparkConfig:
@@ -83,9 +85,10 @@ def _ledger_is_exact(cfg: QwenSparkConfig, ids: list[int]) -> list[tuple[object,
 
 
 def test_stream_rows_inserted_while_running_poison_rows_and_an_idle_gap(
-    spark: SparkSession, tiny_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
+    spark: SparkSession, echo_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
 ) -> None:
-    cfg = _stream_cfg(tiny_cfg, tmp_path, keepalive_seconds=15.0)
+    records = tmp_path / "echo"
+    cfg = _stream_cfg(recording(echo_cfg, records), tmp_path, keepalive_seconds=15.0)
     reset_tables(cfg)
     _insert(cfg, _texts(dev_reviews, range(1, 7)))
     stop = threading.Event()
@@ -108,6 +111,7 @@ def test_stream_rows_inserted_while_running_poison_rows_and_an_idle_gap(
         runs_before = {r[0] for r in query(cfg, "SELECT run_id FROM job_runs")}
         # A quiet period longer than Spark's 60 s idle-worker timeout, then one more review.
         time.sleep(75)
+        gap_end = time.time()
         _insert(cfg, _texts(dev_reviews, range(14, 16)))
         _wait_for(lambda: _results(cfg) == 15, "the review after the idle gap")
     finally:
@@ -130,6 +134,9 @@ def test_stream_rows_inserted_while_running_poison_rows_and_an_idle_gap(
     assert report.keepalive_probes >= 3, "the keepalive ran during the gap"
     loads = report.loads_per_worker
     assert set(loads.values()) <= {1} and len(loads) <= 2, f"one engine per worker, 2 workers at most: {loads}"
+    # The engine's own record agrees: no load after the gap; every non-empty review sent to it once (7, 8 never).
+    assert all(r["t"] < gap_end for r in echo_records(records, "load")), echo_records(records, "load")
+    assert sum(r["rows"] for r in echo_records(records)) == 13
     daily = query(cfg, "SELECT SUM(reviews) FROM hotel_sentiment_daily")[0][0]
     assert int(daily) == 15, "aggregates follow the streamed rows"
 
@@ -152,9 +159,10 @@ def _job(cfg_file: Path, failpoint: str | None, log: Path) -> int:
 
 
 def test_kill9_before_and_after_the_commit_then_restart_exactly_once(
-    tiny_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
+    echo_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
 ) -> None:
-    cfg = _stream_cfg(tiny_cfg, tmp_path, available_now=True, keepalive_seconds=0.0)
+    # The jobs' Python workers import the echo engine from the repo root: PYTHONPATH (tests/conftest.py) is inherited.
+    cfg = _stream_cfg(echo_cfg, tmp_path, available_now=True, keepalive_seconds=0.0)
     reset_tables(cfg)
     cfg_file = tmp_path / "stream.yaml"
     cfg_file.write_text(yaml.safe_dump(json.loads(cfg.model_dump_json())))
@@ -190,11 +198,11 @@ def test_kill9_before_and_after_the_commit_then_restart_exactly_once(
 
 
 def test_files_source_rejects_unkeyed_rows_and_loses_nothing(
-    spark: SparkSession, tiny_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
+    spark: SparkSession, echo_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
 ) -> None:
     landing = tmp_path / "landing"
     landing.mkdir()
-    cfg = _stream_cfg(tiny_cfg, tmp_path, source="files", files_path=str(landing), available_now=True,
+    cfg = _stream_cfg(echo_cfg, tmp_path, source="files", files_path=str(landing), available_now=True,
                       keepalive_seconds=0.0, max_files_per_trigger=1)
     reset_tables(cfg)
     base = {"hotel_id": "H9", "created_at": "2026-11-28 08:00:00", "lang": "en", "rating": None}

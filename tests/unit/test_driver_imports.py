@@ -13,7 +13,6 @@ DRIVER_MODULES = [
     "qwenspark.engines",
     "qwenspark.engines.cache",
     "qwenspark.models.default",
-    "qwenspark.models.tiny",
 ]
 
 

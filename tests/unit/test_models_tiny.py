@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from qwenspark.models.tiny import MARKER, QWEN_SPECIAL_IDS, QWEN_SPECIAL_TOKENS, build_tiny_qwen
+from tests.support.tiny_model import MARKER, QWEN_SPECIAL_IDS, QWEN_SPECIAL_TOKENS, build_tiny_qwen
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")

@@ -13,7 +13,7 @@ from pyspark.resource import ResourceInformation
 
 from qwenspark import resources
 from qwenspark.config import EngineConfig, QwenSparkConfig, load_config
-from qwenspark.errors import ConfigError
+from qwenspark.errors import ConfigError, EngineError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "conf" / "getGpusResources.sh"
@@ -74,6 +74,12 @@ def task(monkeypatch: pytest.MonkeyPatch) -> TaskContext:
         ("cuda", "vllm", {"spark.master": "local[2]"}),
         ("cuda", "vllm", {"spark.master": "local"}),
         ("cuda", "vllm", {"spark.master": "local[*]", "spark.executor.resource.gpu.amount": "1"}),
+        # Stage-level scheduling (standalone, YARN, Kubernetes without dynamic allocation): the inference stage asks
+        # for whole GPUs itself, so the default task amount may be unset, fractional or below the executor's.
+        ("auto", "vllm", conf_with(spark_task_resource_gpu_amount=None)),
+        ("cuda", "vllm", conf_with(spark_task_resource_gpu_amount="0.125")),
+        ("auto", "vllm", conf_with(spark_executor_resource_gpu_amount="2")),
+        ("cuda", "transformers", {**conf_with(spark_task_resource_gpu_amount=None), "spark.master": "yarn"}),
         # A server engine holds no GPU in the executors: fractional amounts are the user's business.
         ("auto", "openai", conf_with(spark_task_resource_gpu_amount="0.25")),
     ],
@@ -91,14 +97,16 @@ def test_check_gpu_conf_accepts(device: str, kind: str, conf: dict[str, str]) ->
         ("cuda", "vllm", conf_with(spark_executor_resource_gpu_amount="0"), "spark.executor.resource.gpu.amount"),
         ("cuda", "vllm", {"spark.master": "yarn"}, "spark.executor.resource.gpu.amount"),
         ("cuda", "vllm", {"spark.master": "local-cluster[2,1,1024]"}, "spark.executor.resource.gpu.amount"),
-        # (b) two tasks of one executor would each load an engine on its GPUs
-        ("auto", "vllm", conf_with(spark_executor_resource_gpu_amount="2"), "spark.task.resource.gpu.amount"),
-        ("cuda", "transformers", conf_with(spark_executor_resource_gpu_amount="4", spark_task_resource_gpu_amount="2"),
+        # (b) without stage-level scheduling (dynamic allocation on) the inference tasks take the default task
+        # settings: they must hold whole GPUs
+        ("auto", "vllm", conf_with(spark_task_resource_gpu_amount=None, spark_dynamicAllocation_enabled="true"),
          "spark.task.resource.gpu.amount"),
-        ("auto", "vllm", conf_with(spark_task_resource_gpu_amount=None), "spark.task.resource.gpu.amount"),
-        # (c) a fractional amount: two engines on one GPU
-        ("auto", "vllm", conf_with(spark_task_resource_gpu_amount="0.5"), "spark.task.resource.gpu.amount"),
-        ("cuda", "transformers", conf_with(spark_task_resource_gpu_amount="0.25"), "spark.task.resource.gpu.amount"),
+        # (c) ... and a fractional amount there means two engines on one GPU
+        ("auto", "vllm", conf_with(spark_task_resource_gpu_amount="0.5", spark_dynamicAllocation_enabled="true"),
+         "spark.task.resource.gpu.amount"),
+        ("cuda", "transformers",
+         conf_with(spark_task_resource_gpu_amount="0.25", spark_dynamicAllocation_enabled="true"),
+         "spark.task.resource.gpu.amount"),
         # (d) no worker reuse: one model load per task
         ("auto", "vllm", conf_with(spark_python_worker_reuse="false"), "spark.python.worker.reuse"),
         ("cpu", "openai", conf_with(spark_python_worker_reuse="False"), "spark.python.worker.reuse"),
@@ -142,6 +150,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(resources, "visible_gpu_count", lambda: None)
+    monkeypatch.setattr(resources, "_INHERITED_VISIBLE", None)
     return monkeypatch
 
 
@@ -150,12 +159,38 @@ def engine(**update: object) -> EngineConfig:
 
 
 def test_pin_uses_the_task_resources_first(clean_env: pytest.MonkeyPatch, task: TaskContext) -> None:
-    clean_env.setenv("CUDA_VISIBLE_DEVICES", "5")  # inherited: Spark's assignment wins
     task._resources = {"gpu": ResourceInformation("gpu", ["2", "3"])}
-    cfg, addresses = resources.pin_task_gpus(engine())
-    assert addresses == ["2", "3"]
+    cfg, devices = resources.pin_task_gpus(engine())
+    assert devices == ["2", "3"]
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
     assert cfg.tensor_parallel_size == 2
+
+
+@pytest.mark.parametrize(
+    ("inherited", "spark", "visible"),
+    [
+        # The cluster manager isolated GPUs 4-7 and discovery ran inside that view: Spark's ids index into it.
+        ("4,5,6,7", ["1", "3"], "5,7"),
+        ("GPU-aaa,GPU-bbb", ["1"], "GPU-bbb"),
+        # Discovery printed the host ids the inherited list names: taken as they are.
+        ("2,3", ["3"], "3"),
+        ("2,3", ["2", "3"], "2,3"),
+    ],
+)
+def test_pin_indexes_into_an_inherited_cuda_visible_devices(
+    clean_env: pytest.MonkeyPatch, task: TaskContext, inherited: str, spark: list[str], visible: str
+) -> None:
+    clean_env.setattr(resources, "_INHERITED_VISIBLE", inherited)
+    task._resources = {"gpu": ResourceInformation("gpu", spark)}
+    _, devices = resources.pin_task_gpus(engine())
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == visible and devices == visible.split(",")
+
+
+def test_pin_refuses_an_address_outside_the_inherited_list(clean_env: pytest.MonkeyPatch, task: TaskContext) -> None:
+    clean_env.setattr(resources, "_INHERITED_VISIBLE", "4,5")
+    task._resources = {"gpu": ResourceInformation("gpu", ["7"])}
+    with pytest.raises(EngineError, match="CUDA_VISIBLE_DEVICES=4,5"):
+        resources.pin_task_gpus(engine())
 
 
 def test_pin_keeps_an_explicit_tensor_parallel_size(clean_env: pytest.MonkeyPatch, task: TaskContext) -> None:
@@ -165,7 +200,7 @@ def test_pin_keeps_an_explicit_tensor_parallel_size(clean_env: pytest.MonkeyPatc
 
 
 def test_pin_falls_back_to_cuda_visible_devices(clean_env: pytest.MonkeyPatch) -> None:
-    clean_env.setenv("CUDA_VISIBLE_DEVICES", "1, 4")
+    clean_env.setattr(resources, "_INHERITED_VISIBLE", "1, 4")
     cfg, addresses = resources.pin_task_gpus(engine())
     assert addresses == ["1", "4"]
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1,4"
@@ -179,15 +214,67 @@ def test_pin_without_gpus_changes_nothing(clean_env: pytest.MonkeyPatch, task: T
     assert cfg.tensor_parallel_size == 1
 
 
-def test_pin_cuda_in_local_mode_takes_the_partition_id(clean_env: pytest.MonkeyPatch, task: TaskContext) -> None:
-    cfg, addresses = resources.pin_task_gpus(engine(device="cuda"))
-    assert addresses == ["3"]
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3"
-    assert cfg.tensor_parallel_size == 1
-    # Modulo the GPUs nvidia-smi lists: partition 3 on a 2-GPU host takes GPU 1.
-    clean_env.delenv("CUDA_VISIBLE_DEVICES")
+def hold_claim(folder: Path, name: str) -> subprocess.Popen[str]:
+    """Another process (another engine's worker) holding a claim file until killed."""
+    code = (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "print('held', flush=True); time.sleep(600)"
+    )
+    proc = subprocess.Popen(["python3", "-c", code, str(folder / f"{name}.lock")], stdout=subprocess.PIPE, text=True)
+    # (a claim this process still holds would block it: tests close their handles first)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_pin_cuda_in_local_mode_claims_a_free_gpu(
+    clean_env: pytest.MonkeyPatch, task: TaskContext, tmp_path: Path
+) -> None:
+    clean_env.setenv("QWENSPARK_CLAIMS_DIR", str(tmp_path))
+    clean_env.setattr(resources, "_CLAIMS", {})
     clean_env.setattr(resources, "visible_gpu_count", lambda: 2)
-    assert resources.pin_task_gpus(engine(device="cuda"))[1] == ["1"]
+    other = hold_claim(tmp_path, "gpu-0")  # another worker's engine sits on GPU 0
+    try:
+        cfg, devices = resources.pin_task_gpus(engine(device="cuda"))
+        assert devices == ["1"] and os.environ["CUDA_VISIBLE_DEVICES"] == "1" and cfg.tensor_parallel_size == 1
+        # The next task of this worker keeps its GPU.
+        assert resources.pin_task_gpus(engine(device="cuda"))[1] == ["1"]
+        # A third engine on the host finds none free and fails loudly instead of doubling up on a GPU.
+        for handle in resources._CLAIMS.values():
+            handle.close()
+        clean_env.setattr(resources, "_CLAIMS", {})
+        third = hold_claim(tmp_path, "gpu-1")
+        try:
+            with pytest.raises(EngineError, match="only 0 of the 1 GPU"):
+                resources.pin_task_gpus(engine(device="cuda"))
+        finally:
+            third.kill()
+    finally:
+        other.kill()
+        for handle in resources._CLAIMS.values():
+            handle.close()
+
+
+def test_pin_threads_claims_cores_no_other_engine_holds(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("QWENSPARK_CLAIMS_DIR", str(tmp_path))
+    clean_env.setattr(resources, "_CLAIMS", {})
+    cores = sorted(os.sched_getaffinity(0))
+    other = hold_claim(tmp_path, f"core-{cores[0]}")
+    try:
+        cfg, bound = resources.pin_threads(engine(), 1)
+        assert bound == [cores[1]] if len(cores) > 1 else bound == []
+        assert cfg.env["OMP_NUM_THREADS"] == "1"
+        if bound:
+            assert cfg.env["VLLM_CPU_OMP_THREADS_BIND"] == str(cores[1])
+        # Asking for more cores than are free: threads stay unbound rather than share another engine's cores.
+        cfg, bound = resources.pin_threads(engine(), len(cores))
+        assert bound == [] and cfg.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+        # What the user put in engine.env wins.
+        cfg, _ = resources.pin_threads(engine(env={"OMP_NUM_THREADS": "7", "VLLM_CPU_OMP_THREADS_BIND": "0"}), 1)
+        assert (cfg.env["OMP_NUM_THREADS"], cfg.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("7", "0")
+    finally:
+        other.kill()
+        for handle in resources._CLAIMS.values():
+            handle.close()
 
 
 def test_pin_cuda_on_the_driver_finds_nothing(clean_env: pytest.MonkeyPatch) -> None:

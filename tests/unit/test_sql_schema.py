@@ -2,20 +2,24 @@
 
 import re
 
-from qwenspark.io.mysql import sql_text, statements
+from qwenspark.io.mysql import script_sections, sql_text, statements
 from qwenspark.schemas import RESULT_COLUMNS, STAGE_SCHEMA
 
 
-def _columns(table: str) -> list[str]:
+def _ddl(table: str) -> str:
     for stmt in statements(sql_text("schema.sql")):
         if re.match(rf"CREATE TABLE IF NOT EXISTS {table}\s*\(", stmt):
-            body = stmt.split("(", 1)[1]
-            return [
-                m.group(1)
-                for line in body.splitlines()
-                if (m := re.match(r"\s+([a-z_]+)\s+[A-Z]", line)) and m.group(1) not in {"KEY", "PRIMARY"}
-            ]
+            return stmt
     raise AssertionError(f"no DDL for {table}")
+
+
+def _columns(table: str) -> list[str]:
+    body = _ddl(table).split("(", 1)[1]
+    return [
+        m.group(1)
+        for line in body.splitlines()
+        if (m := re.match(r"\s+([a-z_]+)\s+[A-Z]", line)) and m.group(1) not in {"KEY", "PRIMARY"}
+    ]
 
 
 def test_result_table_matches_schema() -> None:
@@ -23,7 +27,22 @@ def test_result_table_matches_schema() -> None:
 
 
 def test_stage_table_matches_schema() -> None:
-    assert _columns("review_sentiment_stage") == STAGE_SCHEMA.fieldNames()
+    # stage_seq is no result column: it numbers staged copies (Spark inserts only STAGE_SCHEMA's columns).
+    assert _columns("review_sentiment_stage") == [*STAGE_SCHEMA.fieldNames(), "stage_seq"]
+
+
+def test_stage_table_accepts_a_review_twice() -> None:
+    # A Spark write task retried after a partial write stages some reviews again: no unique (run_id, review_id).
+    ddl = _ddl("review_sentiment_stage")
+    assert re.search(r"PRIMARY KEY \(run_id, review_id, stage_seq\)", ddl)
+    assert "UNIQUE" not in ddl.upper()
+    assert re.search(r"stage_seq\s+BIGINT UNSIGNED NOT NULL DEFAULT \(UUID_SHORT\(\)\)", ddl)
+
+
+def test_upsert_script_sections() -> None:
+    sections = script_sections(sql_text("upsert.sql"))
+    assert list(sections) == ["changes", "deltas", "old", "upsert", "apply", "spent"]
+    assert all(sections.values())
 
 
 def test_statement_splitter_keeps_every_statement() -> None:

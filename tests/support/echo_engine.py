@@ -1,0 +1,109 @@
+"""A deterministic test engine (engine.kind=custom): keyword labels, GPU-like decode time, a record of every call.
+
+Used where the model is not the point (scheduling, staging, reconciliation): fast, and its records are written
+by the test double, not by the code under test, so tests can check which engine did what from the outside.
+
+engine_kwargs: seconds_per_token (decode time of one token for the whole batch, as on a GPU, where a batch
+takes as long as its longest answer), min_tokens / max_tokens (answer lengths, varied per review),
+record_dir (one JSON-lines file per process: load, call, close events; also $QWENSPARK_ECHO_RECORDS).
+Inside a Spark task, load and call records also hold the task: stage, partition, attempt (its attempt number) and
+task (Spark's task attempt id); outside one they are null.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from qwenspark.config import EngineConfig
+from qwenspark.engines.base import Completion, Message
+
+NEGATIVE = ("dirty", "rude", "broken", "cold", "noisy", "filthy", "差", "吵", "脏", "不好")
+REVIEW = re.compile(r"<review>\n(.*)\n</review>", re.S)
+
+
+def build(cfg: EngineConfig) -> EchoEngine:
+    """engine.factory entry point."""
+    return EchoEngine(cfg)
+
+
+def task_fields() -> dict[str, int | None]:
+    """The Spark task this process is running (stage, partition, attempt, task attempt id), or nulls."""
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+    except Exception:  # no pyspark, or not in a task: the record just lacks the task
+        ctx = None
+    if ctx is None:
+        return {"stage": None, "partition": None, "attempt": None, "task": None}
+    return {"stage": ctx.stageId(), "partition": ctx.partitionId(), "attempt": ctx.attemptNumber(),
+            "task": ctx.taskAttemptId()}
+
+
+def answer_length(text: str, lo: int, hi: int) -> int:
+    """A deterministic answer length in [lo, hi] for a review (varied, like real answers)."""
+    if hi <= lo:
+        return lo
+    return lo + int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % (hi - lo + 1)
+
+
+class EchoEngine:
+    """Answers valid JSON from keywords; sleeps seconds_per_token x the batch's longest answer."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        os.environ.update(cfg.env)
+        kw: dict[str, Any] = dict(cfg.engine_kwargs)
+        self.model_name = cfg.model
+        self.seconds_per_token = float(kw.get("seconds_per_token", 0.0))
+        self.min_tokens, self.max_tokens = int(kw.get("min_tokens", 20)), int(kw.get("max_tokens", 80))
+        folder = kw.get("record_dir") or os.environ.get("QWENSPARK_ECHO_RECORDS")
+        self.records = Path(folder) / f"echo-{os.getpid()}.jsonl" if folder else None
+        self.devices = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self._record(event="load", threads=os.environ.get("OMP_NUM_THREADS"),
+                     bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), **task_fields())
+
+    def _record(self, **fields: Any) -> None:
+        if self.records is None:
+            return
+        self.records.parent.mkdir(parents=True, exist_ok=True)
+        with self.records.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"pid": os.getpid(), "devices": self.devices, "t": time.time(), **fields}) + "\n")
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+        started = time.time()
+        out, lengths, texts = [], [], []
+        for conversation in conversations:
+            prompt = conversation[-1]["content"]
+            found = REVIEW.search(prompt)
+            text = found.group(1) if found else prompt
+            negative = any(word in text.lower() for word in NEGATIVE)
+            answer = {
+                "sentiment": "negative" if negative else "positive",
+                "summary": text.strip()[:60] or "-",
+                "aspects": [{"aspect": "service", "sentiment": "negative" if negative else "positive"}],
+            }
+            n = answer_length(text, self.min_tokens, self.max_tokens)
+            lengths.append(n)
+            texts.append(text)
+            out.append(Completion(json.dumps(answer, ensure_ascii=False), "stop", len(prompt), n))
+        if self.seconds_per_token and lengths:
+            time.sleep(self.seconds_per_token * max(lengths))
+        self._record(event="call", start=started, end=time.time(), rows=len(out),
+                     keys=[hashlib.sha256(t.encode()).hexdigest()[:12] for t in texts], **task_fields())
+        return out
+
+    def close(self) -> None:
+        self._record(event="close")
