@@ -32,6 +32,7 @@ _INHERITED_VISIBLE = os.environ.get("CUDA_VISIBLE_DEVICES")
 # Host-wide claims (lock files) this process holds: GPUs in local mode, CPU cores of the engine. Held for the
 # life of the process, released by the kernel when it exits, so two engines on one host never share them.
 _CLAIMS: dict[str, Any] = {}
+_BINDINGS: dict[int, list[int]] = {}  # cores asked -> cores bound (empty: unbound), decided once per process
 
 
 def claims_dir() -> Path:
@@ -189,15 +190,32 @@ def pin_threads(cfg: EngineConfig, cores: int) -> tuple[EngineConfig, list[int]]
     env = dict(cfg.env)
     bound: list[int] = []
     if cfg.kind == "vllm" and cfg.device != "cuda" and "VLLM_CPU_OMP_THREADS_BIND" not in env:
-        bound = claim_cores(cores)
-        if len(bound) == cores:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in bound)
-        else:  # fewer free cores than asked: do not pin onto cores another engine uses
-            log.warning("only %d of %d cores are free on this host: engine threads left unbound", len(bound), cores)
-            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-            bound = []
+        # Decided once per process: the values go into the engine's cache key, so a later task deciding
+        # otherwise (cores freed or taken meanwhile) would reload the engine.
+        if cores not in _BINDINGS:
+            _BINDINGS[cores] = _bind_cores(cores)
+        bound = _BINDINGS[cores]
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in bound) if bound else "nobind"
     env.setdefault("OMP_NUM_THREADS", str(cores))
     return cfg.model_copy(update={"env": env}), bound
+
+
+def _bind_cores(cores: int) -> list[int]:
+    """`cores` free cores claimed for good, or none (claims given back) when fewer are free."""
+    before = set(claimed("core-"))
+    got = claim_cores(cores)
+    if len(got) == cores:
+        return got
+    # Fewer free cores than asked: never pin onto cores another engine uses; leave the threads unbound and give
+    # back what was claimed, so that another engine can have it.
+    log.warning("only %d of %d cores are free on this host: engine threads left unbound", len(got), cores)
+    for core in got:
+        if str(core) in before:  # held for an earlier decision of this process
+            continue
+        handle = _CLAIMS.pop(f"core-{core}", None)
+        if handle is not None:
+            handle.close()
+    return []
 
 
 def driver_only(what: str = "this function") -> None:

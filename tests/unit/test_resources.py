@@ -257,6 +257,7 @@ def test_pin_cuda_in_local_mode_claims_a_free_gpu(
 def test_pin_threads_claims_cores_no_other_engine_holds(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     clean_env.setenv("QWENSPARK_CLAIMS_DIR", str(tmp_path))
     clean_env.setattr(resources, "_CLAIMS", {})
+    clean_env.setattr(resources, "_BINDINGS", {})
     cores = sorted(os.sched_getaffinity(0))
     other = hold_claim(tmp_path, f"core-{cores[0]}")
     try:
@@ -265,9 +266,13 @@ def test_pin_threads_claims_cores_no_other_engine_holds(clean_env: pytest.Monkey
         assert cfg.env["OMP_NUM_THREADS"] == "1"
         if bound:
             assert cfg.env["VLLM_CPU_OMP_THREADS_BIND"] == str(cores[1])
-        # Asking for more cores than are free: threads stay unbound rather than share another engine's cores.
+        # The decision sticks for the process (it is part of the engine cache key): the same answer again.
+        assert resources.pin_threads(engine(), 1)[0].env == cfg.env
+        # Asking for more cores than are free: threads stay unbound rather than share another engine's cores,
+        # and the partial claim is given back.
         cfg, bound = resources.pin_threads(engine(), len(cores))
         assert bound == [] and cfg.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+        assert resources.claimed("core-") == ([str(cores[1])] if len(cores) > 1 else [])
         # What the user put in engine.env wins.
         cfg, _ = resources.pin_threads(engine(env={"OMP_NUM_THREADS": "7", "VLLM_CPU_OMP_THREADS_BIND": "0"}), 1)
         assert (cfg.env["OMP_NUM_THREADS"], cfg.env["VLLM_CPU_OMP_THREADS_BIND"]) == ("7", "0")
