@@ -113,7 +113,8 @@ def _engine_for_task(
     if loaded:
         log.info(
             "engine on GPU(s) [%s], cores [%s], %s threads (pid %d)",
-            ",".join(devices), _ranges(cores) or "unbound", engine_cfg.env.get("OMP_NUM_THREADS", "default"),
+            ",".join(devices), _ranges(cores) or engine_cfg.env.get("VLLM_CPU_OMP_THREADS_BIND", "unbound"),
+            engine_cfg.env.get("OMP_NUM_THREADS", "default"),
             os.getpid(),
         )
         if metrics is not None:

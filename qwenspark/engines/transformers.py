@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from qwenspark.config import EngineConfig
-from qwenspark.engines.base import Completion, Message
+from qwenspark.engines.base import Completion, Message, resolve_dtype
 from qwenspark.errors import EngineError
 from qwenspark.parse import json_schema
 
@@ -48,7 +48,8 @@ class TransformersEngine:
             # The task's GPUs are the only visible ones (CUDA_VISIBLE_DEVICES pinned before torch loaded): cuda:0
             # is the task's first GPU; a task holding several spreads the layers over them.
             kwargs["device_map"] = "auto" if (cfg.tensor_parallel_size or 1) > 1 else "cuda:0"
-        self._model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=getattr(torch, cfg.dtype), **kwargs).eval()
+        dtype = getattr(torch, resolve_dtype(cfg.dtype, device == "cuda"))
+        self._model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, **kwargs).eval()
         gen_eos = self._model.generation_config.eos_token_id
         eos = gen_eos if isinstance(gen_eos, list) else [gen_eos, self._tok.eos_token_id]
         self._eos = {int(e) for e in eos if e is not None}

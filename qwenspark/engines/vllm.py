@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from qwenspark.config import EngineConfig
-from qwenspark.engines.base import Completion, Message
+from qwenspark.engines.base import Completion, Message, resolve_dtype
 from qwenspark.errors import EngineError, RequestError
 from qwenspark.parse import json_schema
 
@@ -21,6 +21,12 @@ def apply_env(cfg: EngineConfig) -> None:
     # Spark's Python workers are forked daemons: a forked CUDA context is unusable, so vLLM must spawn.
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.update(cfg.env)
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _completion(out: Any) -> Completion:
@@ -57,7 +63,7 @@ class VllmEngine:
             ) from exc
         kwargs: dict[str, Any] = {
             "tokenizer": cfg.tokenizer,
-            "dtype": cfg.dtype,
+            "dtype": resolve_dtype(cfg.dtype, _on_gpu()),
             "max_model_len": cfg.max_model_len,
             "enforce_eager": cfg.enforce_eager,
             "seed": cfg.seed,

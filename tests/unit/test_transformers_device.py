@@ -1,4 +1,4 @@
-"""The transformers engine honours engine.device: it loads on the task's GPU on GPU nodes, never silently on CPU."""
+"""Engines honour engine.device (the task's GPU, never silently the CPU) and pick a dtype the hardware runs natively."""
 
 from __future__ import annotations
 
@@ -31,3 +31,20 @@ def test_cuda_without_a_gpu_fails_loudly() -> None:
     cfg = load_config(ROOT / "conf" / "local.yaml", ["engine.device=cuda", "engine.kind=transformers"])
     with pytest.raises(EngineError, match=r"engine\.device=cuda"):
         _device(fake_torch(False), cfg.engine)
+
+
+@pytest.mark.parametrize(
+    ("flags", "on_gpu", "expected"),
+    [
+        ("fpu sse avx2 avx512f", False, "float32"),  # AVX2/AVX-512 without BF16: bf16 would be emulated
+        ("fpu avx2 avx512f avx512_bf16", False, "bfloat16"),
+        ("fpu avx2 amx_bf16", False, "bfloat16"),
+        ("fpu avx2", True, "bfloat16"),  # GPUs do bf16
+    ],
+)
+def test_auto_dtype_follows_the_hardware(flags: str, on_gpu: bool, expected: str) -> None:
+    from qwenspark.engines.base import resolve_dtype
+
+    cpuinfo = f"processor\t: 0\nflags\t\t: {flags}\n"
+    assert resolve_dtype("auto", on_gpu, cpuinfo) == expected
+    assert resolve_dtype("float16", on_gpu, cpuinfo) == "float16"  # an explicit dtype is kept
