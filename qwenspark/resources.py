@@ -232,7 +232,8 @@ def is_local_master(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
-def _amount(conf: Mapping[str, str], key: str) -> float:
+def conf_number(conf: Mapping[str, str], key: str) -> float:
+    """A numeric Spark setting (unset or blank: 0); a ConfigError naming the key when it is not a number."""
     raw = str(conf.get(key, "0")).strip() or "0"
     try:
         return float(raw)
@@ -246,6 +247,11 @@ DYNAMIC_ALLOCATION = "spark.dynamicAllocation.enabled"
 _STAGE_LEVEL_MASTERS = ("spark://", "local-cluster[", "yarn", "k8s://")
 
 
+def dynamic_allocation(conf: Mapping[str, str]) -> bool:
+    """Whether the application runs with dynamic allocation."""
+    return str(conf.get(DYNAMIC_ALLOCATION, "false")).strip().lower() == "true"
+
+
 def stage_level_supported(conf: Mapping[str, str]) -> tuple[bool, str]:
     """Whether a task-only ResourceProfile can be used with these settings, and why not when it cannot."""
     master = str(conf.get("spark.master", ""))
@@ -253,7 +259,7 @@ def stage_level_supported(conf: Mapping[str, str]) -> tuple[bool, str]:
         return False, f"master {master} (local mode offers no resources to tasks)"
     if not master.startswith(_STAGE_LEVEL_MASTERS):
         return False, f"master {master or 'unknown'} (stage-level scheduling needs standalone, YARN or Kubernetes)"
-    if str(conf.get(DYNAMIC_ALLOCATION, "false")).strip().lower() == "true":
+    if dynamic_allocation(conf):
         # With dynamic allocation a task-only profile would start a second set of executors for it.
         return False, f"{DYNAMIC_ALLOCATION}=true"
     return True, ""
@@ -275,8 +281,8 @@ def check_gpu_conf(conf: Mapping[str, str], cfg: QwenSparkConfig) -> None:
     if str(conf.get(WORKER_REUSE, "true")).strip().lower() != "true":
         raise ConfigError(f"{WORKER_REUSE}=false: every task would load the model again; set it to true")
 
-    executor_gpus = _amount(conf, EXECUTOR_GPU_AMOUNT)
-    task_gpus = _amount(conf, TASK_GPU_AMOUNT)
+    executor_gpus = conf_number(conf, EXECUTOR_GPU_AMOUNT)
+    task_gpus = conf_number(conf, TASK_GPU_AMOUNT)
     if engine.kind not in IN_PROCESS_KINDS:
         if engine.device == "cuda":
             log.warning("engine.device=cuda has no effect with engine.kind=%s: the server holds the GPUs", engine.kind)

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import ConfigError
 from qwenspark.resources import (
-    DYNAMIC_ALLOCATION,
     EXECUTOR_GPU_AMOUNT,
     IN_PROCESS_KINDS,
     TASK_GPU_AMOUNT,
+    conf_number,
     driver_only,
+    dynamic_allocation,
     is_local_master,
     stage_level_supported,
     visible_gpu_count,
@@ -41,16 +42,6 @@ class SlotPlan:
     profile: Any = None  # pyspark.resource.ResourceProfile or None
 
 
-def _num(conf: Mapping[str, str], key: str, default: float = 0.0) -> float:
-    raw = str(conf.get(key, "")).strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{key}={raw!r} is not a number") from None
-
-
 def local_cores(master: str) -> int:
     """Cores of a local[N] / local[N,F] / local[*] master (local: 1)."""
     found = re.match(r"local\[(\*|\d+)", master.strip())
@@ -61,14 +52,14 @@ def local_cores(master: str) -> int:
 
 def executor_count(spark: SparkSession, conf: Mapping[str, str]) -> tuple[int, str]:
     """Executors the application has or asked for, and where the figure came from."""
-    if str(conf.get(DYNAMIC_ALLOCATION, "false")).strip().lower() == "true":
-        top = int(_num(conf, "spark.dynamicAllocation.maxExecutors", 0))
+    if dynamic_allocation(conf):
+        top = int(conf_number(conf, "spark.dynamicAllocation.maxExecutors"))
         if top > 0:
             return top, "spark.dynamicAllocation.maxExecutors"
-    instances = int(_num(conf, "spark.executor.instances", 0))
+    instances = int(conf_number(conf, "spark.executor.instances"))
     if instances > 0:
         return instances, "spark.executor.instances"
-    cores_max, cores = _num(conf, "spark.cores.max", 0), _num(conf, "spark.executor.cores", 0)
+    cores_max, cores = conf_number(conf, "spark.cores.max"), conf_number(conf, "spark.executor.cores")
     if cores_max > 0 and cores > 0:
         return max(1, int(cores_max // cores)), "spark.cores.max / spark.executor.cores"
     # Registered executors (the tracker lists the driver too).
@@ -104,12 +95,12 @@ def plan_slots(spark: SparkSession, cfg: QwenSparkConfig) -> SlotPlan:
                        why=why + "; no stage-level scheduling in local mode, one partition per slot")
 
     executors, source = executor_count(spark, conf)
-    executor_gpus = _num(conf, EXECUTOR_GPU_AMOUNT)
-    executor_cores = int(_num(conf, "spark.executor.cores", 0)) or max(
+    executor_gpus = conf_number(conf, EXECUTOR_GPU_AMOUNT)
+    executor_cores = int(conf_number(conf, "spark.executor.cores")) or max(
         1, spark.sparkContext.defaultParallelism // executors
     )
     if engine.device != "cpu" and executor_gpus > 0:
-        task_gpus = _num(conf, TASK_GPU_AMOUNT)
+        task_gpus = conf_number(conf, TASK_GPU_AMOUNT)
         gpus = engine.tensor_parallel_size or (int(task_gpus) if task_gpus >= 1 else 1)
         per_executor = int(executor_gpus // gpus)
         if per_executor < 1:
