@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import re
@@ -234,6 +235,12 @@ def script_sections(script: str) -> dict[str, list[str]]:
     return sections
 
 
+@functools.cache
+def _upsert_sections() -> dict[str, list[str]]:
+    # Read and split once per process, not once per chunk.
+    return script_sections(sql_text("upsert.sql"))
+
+
 def _span(chunk: tuple[int, int]) -> str:
     lo, hi = chunk
     return f"{'' if lo == MIN_REVIEW_ID else lo}..{'' if hi == MAX_REVIEW_ID else hi}"
@@ -245,7 +252,7 @@ def commit_chunk(conn: Connection, run_id: str, lo: int, hi: int, *, max_rows: i
     Returns review_sentiment rows changed.
     """
     params = {"run_id": run_id, "lo": lo, "hi": hi, "dedupe": int(dedupe), "heap_bytes": (1 << 20) + 64 * max_rows}
-    sections = script_sections(sql_text("upsert.sql"))
+    sections = _upsert_sections()
     affected = 0
     with conn.cursor() as cur:
 
