@@ -8,7 +8,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
@@ -18,10 +18,12 @@ from qwenspark.batching import rechunk, truncate_by_tokens
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Engine, Message, StreamingEngine
+from qwenspark.errors import RequestError
+from qwenspark.faults import failpoint
 from qwenspark.parse import aspects_json, parse_completion
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.resources import pin_task_gpus, pin_threads
-from qwenspark.schemas import CLEAN_SCHEMA, RESULT_COLUMNS
+from qwenspark.schemas import EXECUTOR_IN_SCHEMA, RESULT_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ def make_analyze_fn(
                         feed = ContinuousFeed(engine, spec.engine.max_in_flight or 2 * spec.engine.batch_size)
                 if metrics is not None:
                     metrics.batch_sizes.add({str(len(chunk)): 1})
+                failpoint("analyze.batch", done)  # executor side, before each batch (the kill tests)
                 batch = PreparedBatch(engine, chunk, spec)
                 for out in feed.add(batch) if feed is not None else [batch.run_sync(engine)]:
                     done += len(out)
@@ -159,7 +162,7 @@ class PreparedBatch:
     """One fixed-size batch: prompts built, clean errors kept, result slots waiting to be filled."""
 
     def __init__(self, engine: Engine, chunk: pd.DataFrame, spec: AnalyzeSpec) -> None:
-        missing = [c for c in CLEAN_SCHEMA.fieldNames() if c not in chunk.columns]
+        missing = [c for c in EXECUTOR_IN_SCHEMA.fieldNames() if c not in chunk.columns]
         if missing:
             raise ValueError(f"analyze stage: input lacks columns {missing}")
         template = get_template(spec.prompt_version)
@@ -178,13 +181,16 @@ class PreparedBatch:
         for i, (text, lang) in enumerate(zip(chunk["text"], chunk["lang"], strict=True)):
             if self.errors[i] is not None:
                 continue
+            # Only the engine's refusal of this review is the row's error: a ValueError or TypeError from our own
+            # code is a bug and fails the task (it would otherwise become an error row on every row).
             try:
                 cut, self.truncated[i] = truncate_by_tokens(text, spec.max_review_tokens, engine.encode, engine.decode)
-                given = lang if isinstance(lang, str) else None
-                self.conversations.append(template.messages(cut, detect_lang(cut, given)))
-                self.todo.append(i)
-            except (ValueError, TypeError, UnicodeError) as exc:
+            except RequestError as exc:
                 self.errors[i] = f"prompt: {type(exc).__name__}: {exc}"
+                continue
+            given = lang if isinstance(lang, str) else None
+            self.conversations.append(template.messages(cut, detect_lang(cut, given)))
+            self.todo.append(i)
         self.remaining = len(self.todo)
 
     def fill(self, j: int, done: Completion | str, latency_ms: int) -> None:
@@ -214,13 +220,13 @@ class PreparedBatch:
         return self.frame()
 
     def frame(self) -> pd.DataFrame:
-        """The result rows, one per input row, in input order."""
+        """The result rows, one per input row, in input order (EXECUTOR_OUT_SCHEMA: timestamps as microseconds)."""
         chunk, n = self.chunk, len(self.chunk)
         out = pd.DataFrame(
             {
                 "review_id": chunk["review_id"].astype("int64").to_numpy(),
                 "hotel_id": chunk["hotel_id"].to_numpy(),
-                "review_created_at": chunk["created_at"].to_numpy(),
+                "review_created_at": chunk["created_at"].to_numpy(),  # passed through as it came
                 "lang": chunk["lang"].to_numpy(),
                 "input_key": chunk["input_key"].to_numpy(),
                 "sentiment": self.sentiment,
@@ -233,13 +239,21 @@ class PreparedBatch:
                 "tokens_in": pd.array(self.tokens_in, dtype="int32"),
                 "tokens_out": pd.array(self.tokens_out, dtype="int32"),
                 "latency_ms": pd.array(self.latency_ms, dtype="int32"),
-                "analysed_at": pd.Timestamp(datetime.now(UTC).replace(tzinfo=None)),
+                "analysed_at": _now_micros(),
             },
             columns=list(RESULT_COLUMNS),
         )
         if len(out) != n or self.remaining:  # the contract this whole module exists for
             raise AssertionError(f"analyze stage: {n} rows in, {len(out)} out, {self.remaining} unanswered")
         return out
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _now_micros() -> int:
+    """Now, in microseconds since the epoch (exact, whatever the worker's time zone)."""
+    return (datetime.now(UTC) - _EPOCH) // timedelta(microseconds=1)
 
 
 def analyze_chunk(engine: Engine, chunk: pd.DataFrame, spec: AnalyzeSpec) -> pd.DataFrame:
@@ -268,7 +282,7 @@ class ContinuousFeed:
             started = time.perf_counter()
             try:
                 rid = self.engine.submit(conversation)
-            except (ValueError, TypeError) as exc:  # refused at admission: that row's error, not the task's
+            except RequestError as exc:  # refused at admission: that row's error, not the task's
                 batch.fill(j, f"engine refused the request: {str(exc)[:500]}", 0)
                 continue
             self.owner[rid] = (batch, j, started)
@@ -306,19 +320,20 @@ class ContinuousFeed:
 def generate_isolating(engine: Engine, conversations: Sequence[list[Message]]) -> list[Completion | str]:
     """engine.generate on the batch; if the engine refuses a request, retry one by one to find it.
 
-    A refusal (ValueError/TypeError, e.g. a prompt longer than the context) becomes that row's error
-    string. Any other exception is the engine failing: it propagates and fails the task (Spark retries).
+    A refusal (RequestError, e.g. a prompt longer than the context) becomes that row's error string. Any other
+    exception, a ValueError or TypeError of a bug included, is a failure: it propagates and fails the task (Spark
+    retries it) instead of turning every row into an error row.
     """
     if not conversations:
         return []
     try:
         return list(engine.generate(conversations))
-    except (ValueError, TypeError) as exc:
+    except RequestError as exc:
         log.warning("engine refused a batch of %d (%s); isolating the bad rows", len(conversations), exc)
     results: list[Completion | str] = []
     for conv in conversations:
         try:
             results.extend(engine.generate([conv]))
-        except (ValueError, TypeError) as exc:
+        except RequestError as exc:
             results.append(f"engine refused the request: {str(exc)[:500]}")
     return results

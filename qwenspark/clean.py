@@ -1,4 +1,4 @@
-"""Clean stage (Spark side): trim, cap by characters, flag empty text, key each row by what produced it."""
+"""Clean stage (Spark side): strip invisible characters, flag rows with no content or unstorable ids, key each row."""
 
 from __future__ import annotations
 
@@ -6,10 +6,25 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from qwenspark.config import QwenSparkConfig
-from qwenspark.schemas import CLEAN_SCHEMA
+from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS, LANG_MAX_CHARS
 
-# Unicode whitespace incl. the ideographic space U+3000 that Chinese text uses.
-_EDGE_SPACE = r"^[\s\u3000\u00a0\u200b\ufeff]+|[\s\u3000\u00a0\u200b\ufeff]+$"
+# The patterns run in Java (java.util.regex), where \s is ASCII-only: Unicode's White_Space property covers
+# U+2003, U+2028, U+205F, U+1680, U+3000 and the rest. The Hangul fillers and the blank Braille pattern are letters
+# and symbols by category but render as nothing (a known way to post an "invisible" text): blanks here too.
+_BLANK = r"\p{IsWhite_Space}\u115F\u1160\u3164\uFFA0\u2800"
+# Control and format characters mean nothing to a reader and can hide text from one (bidi overrides, tag
+# characters); \t and \n are layout and stay, ZWNJ/ZWJ stay inside text (they shape Indic and Persian script and
+# join emoji sequences).
+_INVISIBLE = r"[\p{Cc}\p{Cf}&&[^\t\n\u200C\u200D]]"
+_EDGES = rf"^[{_BLANK}\u200C\u200D]+|[{_BLANK}\u200C\u200D]+$"
+# Content: a letter or a digit in any script, or a symbol such as an emoji or a star ("👍👍" and "★★★★★" carry
+# a verdict); punctuation, marks and blanks alone do not.
+_CONTENT = r"[\p{L}\p{N}\p{So}&&[^\u115F\u1160\u3164\uFFA0\u2800]]"
+
+# Error prefixes of results that depend only on the review's content (and the model and prompt its input_key
+# names): a rerun would give the same error, so such a stored row is current. Any other error (an engine outage,
+# a refusal under load) is analysed again by the next run.
+CONTENT_ERROR_PREFIXES: tuple[str, ...] = ("empty:", "invalid:", "prompt:", "parse:")
 
 
 def input_key(cfg: QwenSparkConfig, text: Column) -> Column:
@@ -19,32 +34,60 @@ def input_key(cfg: QwenSparkConfig, text: Column) -> Column:
     )
 
 
+def visible_text(text: Column) -> Column:
+    """text as valid UTF-8, CR/CRLF as \\n, without control and format characters, trimmed of Unicode blanks."""
+    valid = F.make_valid_utf8(text)  # invalid bytes would fail Arrow's conversion of the whole batch
+    lines = F.regexp_replace(valid, r"\r\n?", "\n")
+    return F.regexp_replace(F.regexp_replace(lines, _INVISIBLE, ""), _EDGES, "")
+
+
+def normal_lang(lang: Column) -> Column:
+    """Trimmed, lower case; a tag longer than the result column becomes its primary subtag (zh-Hans-CN -> zh),
+    NULL if even that does not fit or nothing is left (the executor then detects the language from the text)."""
+    tag = F.lower(visible_text(lang))
+    primary = F.split(tag, "[-_]", 2).getItem(0)
+    return (
+        F.when(F.length(tag) == 0, F.lit(None))
+        .when(F.length(tag) <= LANG_MAX_CHARS, tag)
+        .when(F.length(primary).between(1, LANG_MAX_CHARS), primary)
+        .otherwise(F.lit(None))
+        .cast("string")
+    )
+
+
 def clean(reviews: DataFrame, cfg: QwenSparkConfig) -> DataFrame:
-    """Every row survives: empty text gets clean_error (the engine skips it), long text is capped."""
-    trimmed = F.regexp_replace(F.col("text"), _EDGE_SPACE, "")
+    """Every row survives: rows the model must not see get clean_error (the executor skips them); text is capped."""
+    text = visible_text(F.col("text"))
+    # F.length counts characters, as VARCHAR(n) does: a longer hotel_id cannot be stored, so the row is an error
+    # with hotel_id NULL (the aggregates skip NULL hotels) instead of a failed staging write.
+    too_long_hotel = F.length(F.col("hotel_id")) > HOTEL_ID_MAX_CHARS
     error = (
-        F.when(F.col("text").isNull(), F.lit("empty: text is NULL"))
-        .when(F.length(trimmed) == 0, F.lit("empty: text is blank"))
+        F.when(too_long_hotel, F.lit(f"invalid: hotel_id longer than {HOTEL_ID_MAX_CHARS} characters"))
+        .when(F.col("text").isNull(), F.lit("empty: text is NULL"))
+        .when(F.length(text) == 0, F.lit("empty: text is blank"))
+        .when(~text.rlike(_CONTENT), F.lit("empty: no letters, digits or symbols"))
         .otherwise(F.lit(None).cast("string"))
     )
     # The token cap (and the truncated flag) is applied on the executor with the model's tokenizer;
     # this character cap only bounds what crosses Arrow and the tokenizer for pathological rows.
     return reviews.select(
         "review_id",
-        "hotel_id",
+        F.when(too_long_hotel, F.lit(None)).otherwise(F.make_valid_utf8("hotel_id")).cast("string").alias("hotel_id"),
         "created_at",
-        "lang",
-        F.substring(trimmed, 1, cfg.clean.max_chars).alias("text"),
+        normal_lang(F.col("lang")).alias("lang"),
+        F.substring(text, 1, cfg.clean.max_chars).alias("text"),
         input_key(cfg, F.col("text")).alias("input_key"),
         error.alias("clean_error"),
     ).select(*CLEAN_SCHEMA.fieldNames())
 
 
 def skip_done(cleaned: DataFrame, done: DataFrame, cfg: QwenSparkConfig) -> DataFrame:
-    """Drop rows whose stored result has the same input_key (and no error, unless errors are kept)."""
+    """Drop rows whose stored result has the same input_key and is current: no error, or an error of the content
+    (CONTENT_ERROR_PREFIXES) unless job.retry_errors. Any other stored error is analysed again."""
     if cfg.job.reprocess:
         return cleaned
-    current = done
-    if cfg.job.retry_errors:
-        current = current.where(F.col("error").isNull())
-    return cleaned.join(current.select("review_id", "input_key"), ["review_id", "input_key"], "left_anti")
+    current = F.col("error").isNull()
+    if not cfg.job.retry_errors:
+        for prefix in CONTENT_ERROR_PREFIXES:
+            current |= F.col("error").startswith(prefix)
+    return cleaned.join(done.where(current).select("review_id", "input_key"), ["review_id", "input_key"], "left_anti")

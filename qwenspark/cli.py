@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from qwenspark.config import QwenSparkConfig, load_config
-from qwenspark.errors import ConfigError, QwenSparkError
+from qwenspark.config import DbConfig, QwenSparkConfig, load_config
+from qwenspark.errors import ConfigError, as_qwenspark_error, one_line
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -24,6 +24,9 @@ CONFIG_ENV = "QWENSPARK_CONFIG"
 DEFAULT_CONFIG = Path("conf/local.yaml")
 # Config templates shipped in the package (qwenspark/templates/NAME.yaml: links to conf/NAME.yaml).
 TEMPLATES = ("local", "cluster-gpu")
+# Exit codes: a setting or a grant to fix (rerunning will not help), and a runtime failure (a rerun may).
+EXIT_CONFIG = 2
+EXIT_RUNTIME = 1
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -46,6 +49,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwenspark", description=__doc__)
     parser.add_argument("-q", "--quiet", action="store_true", help="log warnings only")
+    parser.add_argument("--debug", action="store_true", help="log at debug level, with the traceback of a failure")
     sub = parser.add_subparsers(dest="command", required=True)
     _config_args(sub.add_parser("batch", help="analyse new or changed reviews and upsert the results"))
     _config_args(sub.add_parser("stream", help="analyse new reviews as they arrive (Structured Streaming)"))
@@ -97,21 +101,29 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `qwenspark` command and of jobs/*.py."""
     args = _parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.WARNING if args.quiet else logging.INFO,
+        level=logging.DEBUG if args.debug else logging.WARNING if args.quiet else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     for noisy in ("py4j", "mysql.connector"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    cfg: QwenSparkConfig | None = None
     try:
         if args.command == "config-template":
             sys.stdout.write(template_text(args.name))
             return 0
         cfg = load_config(resolve_config_path(args.config), args.overrides)
         return int(_COMMANDS[args.command](cfg, args))
-    except QwenSparkError as exc:
-        print(f"qwenspark: error: {exc}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # every failure ends as one line and an exit code; the traceback at debug level
+        return fail(exc, cfg.db if cfg is not None else None)
+
+
+def fail(exc: BaseException, db: DbConfig | None = None) -> int:
+    """Print the one `qwenspark: error: ...` line for exc; returns EXIT_CONFIG or EXIT_RUNTIME."""
+    error = as_qwenspark_error(exc, db)
+    log.debug("the failure's traceback", exc_info=exc)
+    print(f"qwenspark: error: {one_line(error)}", file=sys.stderr)
+    return EXIT_CONFIG if isinstance(error, ConfigError) else EXIT_RUNTIME
 
 
 def _with_spark(cfg: QwenSparkConfig, work: Callable[[SparkSession, QwenSparkConfig], T]) -> tuple[QwenSparkConfig, T]:
@@ -128,6 +140,9 @@ def _with_spark(cfg: QwenSparkConfig, work: Callable[[SparkSession, QwenSparkCon
 
 
 def _batch(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark import preflight
+
+    preflight.check(cfg, "batch")  # before the job's imports (pandas, Spark): a bad setting answers at once
     from qwenspark.pipeline import run_batch
     from qwenspark.report import print_summary
 
@@ -137,6 +152,9 @@ def _batch(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
 
 
 def _stream(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark import preflight
+
+    preflight.check(cfg, "stream")
     from qwenspark.report import print_stream
     from qwenspark.stream import run_stream
 
@@ -146,6 +164,9 @@ def _stream(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
 
 
 def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark import preflight
+
+    preflight.check(cfg, "eval")
     from qwenspark.evaluate import load_labelled, run_eval
     from qwenspark.report import print_eval
 
@@ -160,7 +181,7 @@ def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
 def _init_db(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     from qwenspark.io.mysql import ensure_schema
 
-    ensure_schema(cfg.db)
+    ensure_schema(cfg.db, force=True)
     print(f"schema ready in {cfg.db.database} on {cfg.db.host}:{cfg.db.port}")
     return 0
 

@@ -5,19 +5,45 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time
 from pathlib import Path
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from qwenspark.errors import ConfigError
+
+
+def _takes_number(annotation: Any) -> bool:
+    """True for int, float and unions holding one (bool is not int here: it is its own annotation)."""
+    if annotation in (int, float):
+        return True
+    return get_origin(annotation) in (Union, UnionType) and any(_takes_number(a) for a in get_args(annotation))
 
 
 class _Section(BaseModel):
     # extra="forbid": a misspelt key fails at start instead of being silently ignored.
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes true as 1 for an int field: `engine.batch_size=true` would run with batches of 1.
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _takes_number(field.annotation):
+            raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
 
 
 class DbConfig(_Section):
@@ -31,7 +57,9 @@ class DbConfig(_Section):
         "QWENSPARK_DB_PASSWORD", description="Environment variable that holds the password (checked first)."
     )
     password_file: Path | None = Field(
-        None, description="File whose first line is the password, used when the env variable is unset."
+        None,
+        description="File whose first line is the password, used when the env variable is unset; an empty first "
+        "line is refused.",
     )
     jdbc_jar: Path = Field(
         Path("/usr/share/java/mariadb-java-client.jar"), description="JDBC driver jar (MariaDB Connector/J)."
@@ -46,17 +74,47 @@ class DbConfig(_Section):
         """The JDBC URL. jdbc:mysql:// on purpose: jdbc:mariadb:// makes Spark pick its generic dialect."""
         return f"jdbc:mysql://{self.host}:{self.port}/{self.database}?{self.jdbc_params}"
 
+    @field_validator("password_file")
+    @classmethod
+    def _password_file_not_empty(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        # An empty file fails here, at load time; a missing one only when the password is needed (the file may
+        # be shipped to where the job runs). Not when the env variable is set: the file is not read then.
+        if os.environ.get(info.data.get("password_env", "")) is not None:
+            return value
+        try:
+            empty = value is not None and value.is_file() and _first_line(value) is None
+        except (OSError, UnicodeDecodeError):
+            return value  # unreadable here: password() says so when the password is needed
+        if empty:
+            raise ValueError(f"{value} is empty: its first line must be the password")
+        return value
+
+    def password_source(self) -> str:
+        """Where password() takes the password from, for messages (never the password itself)."""
+        if os.environ.get(self.password_env) is not None or self.password_file is None:
+            return f"${self.password_env}"
+        return f"db.password_file ({self.password_file})"
+
     def password(self) -> SecretStr:
         """The password from the environment or the password file; never from the config values."""
         value = os.environ.get(self.password_env)
         if value is None and self.password_file is not None:
+            where = f"db.password_file: {self.password_file}"
             try:
-                value = self.password_file.read_text(encoding="utf-8").splitlines()[0]
-            except (OSError, IndexError) as exc:
-                raise ConfigError(f"db.password_file: cannot read {self.password_file}: {exc}") from exc
+                value = _first_line(self.password_file)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{where} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+            if value is None:
+                raise ConfigError(f"{where} is empty: its first line must be the password")
         if value is None:
             raise ConfigError(f"db: no password: set ${self.password_env} or db.password_file")
         return SecretStr(value)
+
+
+def _first_line(path: Path) -> str | None:
+    """The first line of a password file, None when it is blank (raises OSError when unreadable)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return lines[0] if lines and lines[0].strip() else None
 
 
 class SourceConfig(_Section):
@@ -67,14 +125,41 @@ class SourceConfig(_Section):
     fetchsize: int = Field(10_000, ge=1, description="JDBC fetch size.")
     min_id: int | None = Field(None, description="Only reviews with review_id >= min_id.")
     max_id: int | None = Field(None, description="Only reviews with review_id <= max_id.")
-    created_from: datetime | None = Field(None, description="Only reviews with created_at >= this (UTC).")
-    created_until: datetime | None = Field(None, description="Only reviews with created_at < this (UTC).")
+    created_from: datetime | None = Field(
+        None,
+        description="Only reviews with created_at >= this. Held as an aware UTC datetime: a value without an offset "
+        "(2026-11-01 16:00:00, or a date: its midnight) is UTC, whatever the driver's time zone; one with an offset "
+        "(2026-11-01T16:00:00+08:00) is converted to UTC. created_at is compared as UTC.",
+    )
+    created_until: datetime | None = Field(
+        None,
+        description="Only reviews with created_at < this; read as created_from (no offset: UTC; an offset: converted "
+        "to UTC).",
+    )
 
     @field_validator("created_from", "created_until", mode="before")
     @classmethod
     def _date_is_midnight(cls, value: Any) -> Any:
         # YAML reads 2026-11-01 as a date; a window bound means its midnight.
         return datetime.combine(value, time()) if isinstance(value, date) and not isinstance(value, datetime) else value
+
+    @field_validator("created_from", "created_until")
+    @classmethod
+    def _in_utc(cls, value: datetime | None) -> datetime | None:
+        # Never the process's local zone: a naive bound read in local time would shift the window by the
+        # driver's offset (an Airflow worker in UTC+8 skipped 8 hours a night).
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+    @model_validator(mode="after")
+    def _window_not_empty(self) -> SourceConfig:
+        if self.created_from and self.created_until and self.created_from >= self.created_until:
+            raise ValueError(
+                f"created_from {self.created_from.isoformat()} is not before created_until "
+                f"{self.created_until.isoformat()}: the window selects nothing"
+            )
+        return self
 
 
 class CleanConfig(_Section):
@@ -158,7 +243,11 @@ class EngineConfig(_Section):
         60.0, gt=0.0, description="openai: timeout of one HTTP request (connect, send, wait for the answer), seconds."
     )
     max_retries: int = Field(
-        5, ge=0, description="openai: retries of one request after a 408, 429, 5xx, timeout or connection error."
+        5,
+        ge=0,
+        description="openai: retries of one request after a 408, 429, 5xx, timeout or connection error; still "
+        "failing after them, the task fails (EngineError) and Spark retries it: an outage fails the run, it "
+        "never becomes error rows."
     )
 
     @field_validator("env", mode="before")
@@ -173,6 +262,22 @@ class EngineConfig(_Section):
         if info.data.get("kind") == "custom" and (not value or ":" not in value):
             raise ValueError("required when engine.kind=custom, as 'module:callable'")
         return value
+
+    @model_validator(mode="after")
+    def _default_model_folder(self) -> EngineConfig:
+        # default_model fetches into <parent of model>/MODEL_DIRNAME and runs that: another folder name would run
+        # the default model under the user's model name (job_runs.model, review_sentiment.model).
+        if self.default_model:
+            from qwenspark.models.default import MODEL_DIRNAME
+
+            if Path(self.model).name != MODEL_DIRNAME:
+                wanted = Path(self.model).parent / MODEL_DIRNAME
+                raise ValueError(
+                    f"default_model: true fetches the default model into a folder named {MODEL_DIRNAME}, "
+                    f"not {self.model!r}: set engine.model to {wanted}, or engine.default_model: false to run "
+                    f"{self.model!r}"
+                )
+        return self
 
     @field_validator("base_url")
     @classmethod
@@ -196,6 +301,16 @@ class PromptConfig(_Section):
     """Which versioned prompt template to use."""
 
     version: str = Field("v1", description="Prompt template version (see qwenspark.prompts.TEMPLATES).")
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, value: str) -> str:
+        # Checked at load time: an unknown version would otherwise fail only inside the first Spark task.
+        from qwenspark.prompts import TEMPLATES
+
+        if value not in TEMPLATES:
+            raise ValueError(f"unknown {value!r}; known: {', '.join(sorted(TEMPLATES))}")
+        return value
 
 
 class SinkConfig(_Section):
@@ -222,12 +337,13 @@ class SinkConfig(_Section):
 
 
 class JobConfig(_Section):
-    """What the job does with reviews it has already analysed."""
+    """What the job does with reviews it has already analysed, how it spreads the work, when a run fails."""
 
     reprocess: bool = Field(False, description="Analyse every selected review again, even when its result is current.")
     retry_errors: bool = Field(
         False,
-        description="Analyse again reviews whose last result was an error (else only when text/model/prompt change).",
+        description="Also analyse again reviews whose last result was a content error (empty:, invalid:, prompt:, "
+        "parse:); any other error (engine:, an outage) is always analysed again.",
     )
     repartition: int | None = Field(
         None,
@@ -247,6 +363,15 @@ class JobConfig(_Section):
         "tokens): 1 had the shortest tail and the best throughput, since equal-sized partitions of many batches "
         "average the lengths out and each task end drains the engine's continuous feed; 2-4 let a slow or "
         "retried slot's share be spread over the others (preemptible or uneven nodes).",
+    )
+    max_error_rate: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="Largest share of the rows sent to the model whose result is an error (engine or parse errors) "
+        "for which the run still commits. "
+        "Above it the run fails with a non-zero exit and commits nothing; input errors (empty:, invalid:) do not "
+        "count, in the share or in its denominator. 0: any model error fails the run; 1: never fails on errors.",
     )
     cores_per_slot: int | None = Field(
         None,
@@ -380,6 +505,11 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), yaml.safe_load(raw) if raw.strip() else ""
 
 
+def _message(msg: str) -> str:
+    # Our validators' ValueErrors come back as "Value error, <text>": the text alone says it.
+    return msg.removeprefix("Value error, ")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> QwenSparkConfig:
     """Read YAML, apply overrides, validate; errors name the offending key."""
     tree: dict[str, Any] = {}
@@ -396,5 +526,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return QwenSparkConfig.model_validate(tree)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {_message(err['msg'])}" for err in exc.errors())
         raise ConfigError(f"invalid config{f' {path}' if path else ''}: {problems}") from None

@@ -29,7 +29,8 @@ def json_schema() -> dict[str, Any]:
 def parse_completion(text: str, finish_reason: str | None = None) -> Parsed:
     """Validate one completion. A cut-off output is reported as such, not as a JSON error.
 
-    finish_reason "error: <reason>" marks a row whose request failed in the engine (engines/openai.py).
+    finish_reason "error: <reason>" marks a row the engine refused for its content (engines/openai.py: HTTP
+    400/413/422 or a malformed answer); outages raise EngineError instead and fail the task.
     """
     if finish_reason and finish_reason.startswith("error:"):
         return Parsed(None, "engine: " + finish_reason[len("error: ") :])

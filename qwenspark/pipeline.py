@@ -16,11 +16,12 @@ from pyspark.sql import functions as F
 from qwenspark.analyze import AnalyzeSpec, CounterParam, Metrics, make_analyze_fn
 from qwenspark.clean import clean, skip_done
 from qwenspark.config import QwenSparkConfig
-from qwenspark.errors import SinkError
+from qwenspark.errors import QwenSparkError, SinkError, one_line
+from qwenspark.faults import failpoint
 from qwenspark.io import delta, jdbc, mysql
 from qwenspark.io.mysql import Connection
 from qwenspark.resources import IN_PROCESS_KINDS
-from qwenspark.schemas import RESULT_SCHEMA
+from qwenspark.schemas import EXECUTOR_OUT_SCHEMA, from_executor, to_executor
 from qwenspark.session import check_spark_conf
 from qwenspark.slots import SlotPlan, plan_slots
 
@@ -99,10 +100,12 @@ def analyse(
         max_review_tokens=cfg.clean.max_review_tokens,
         cores=plan.cores_per_slot if cfg.engine.kind in IN_PROCESS_KINDS else 0,
     )
-    # Batch size does not depend on partition size: analyze re-chunks the Arrow batches it gets.
-    return df.repartition(plan.partitions).mapInPandas(
-        make_analyze_fn(spec, metrics), RESULT_SCHEMA, profile=plan.profile
+    # Batch size does not depend on partition size: analyze re-chunks the Arrow batches it gets. Timestamps cross
+    # Arrow as microseconds (schemas.to_executor): a DATETIME such as 9999-12-31 does not fit pandas' nanoseconds.
+    analysed = to_executor(df).repartition(plan.partitions).mapInPandas(
+        make_analyze_fn(spec, metrics), EXECUTOR_OUT_SCHEMA, profile=plan.profile
     )
+    return from_executor(analysed)
 
 
 @dataclass
@@ -138,30 +141,41 @@ def run_tracked(
     select: Callable[[], Selection],
     on_commit: CommitHook | None = None,
 ) -> RunSummary:
-    """A job_runs-tracked run over select()'s rows; raises after marking the run failed if anything goes wrong."""
+    """A job_runs-tracked run over select()'s rows; raises after marking the run failed if anything goes wrong.
+
+    The driver holds the run's lease (a named lock, mysql.run_lease) from before the run is recorded until it
+    ends, and first marks failed the runs whose drivers died without committing (their leases are free),
+    dropping their staged rows: a run killed with its database, or whose driver died, leaves nothing behind
+    past the next start of any job.
+    """
     started = time.perf_counter()
     summary = RunSummary(run_id=str(uuid.uuid4()))
     mysql.ensure_schema(cfg.db)
-    mysql.insert_run(
-        cfg.db,
-        {
-            "run_id": summary.run_id,
-            "job": job,
-            "status": "running",
-            "config_hash": cfg.config_hash(),
-            "model": cfg.engine.model,
-            "prompt_version": cfg.prompt.version,
-            "started_at": _now(),
-        },
-    )
-    log.info("run %s started (config %s)", summary.run_id, cfg.config_hash())
-    try:
-        _run(spark, cfg, summary, started, sel=select(), on_commit=on_commit)
-    except BaseException as exc:
-        summary.status = "failed"
-        summary.seconds_total = time.perf_counter() - started
-        _mark_failed(cfg, summary, exc)
-        raise
+    with mysql.run_lease(cfg.db, summary.run_id) as lease:
+        mysql.insert_run(
+            cfg.db,
+            {
+                "run_id": summary.run_id,
+                "job": job,
+                "status": "running",
+                "config_hash": cfg.config_hash(),
+                "model": cfg.engine.model,
+                "prompt_version": cfg.prompt.version,
+                "started_at": _now(),
+            },
+        )
+        abandoned = mysql.abandon_runs(cfg.db)
+        if abandoned:
+            log.warning("%d earlier run(s) whose driver died before committing: marked failed, staged rows dropped",
+                        abandoned)
+        log.info("run %s started (config %s)", summary.run_id, cfg.config_hash())
+        try:
+            _run(spark, cfg, summary, started, sel=select(), on_commit=on_commit, lease=lease)
+        except BaseException as exc:
+            summary.status = "failed"
+            summary.seconds_total = time.perf_counter() - started
+            _mark_failed(cfg, summary, exc)
+            raise
     return summary
 
 
@@ -173,16 +187,26 @@ def _run(
     *,
     sel: Selection,
     on_commit: CommitHook | None,
+    lease: Connection,
 ) -> None:
     summary.rows_selected = sel.rows
-    todo = None
+    todo = read = None
     if sel.rows and sel.reviews is not None:
-        cleaned = clean(sel.reviews, cfg)
-        todo = skip_done(cleaned, jdbc.read_done(spark, cfg, sel.lo, sel.hi), cfg).persist()
+        read = clean(sel.reviews, cfg).persist()
+        failpoint("pipeline.read")  # the JDBC reads run in the counts below
+        # What Spark read is what the run covers (rows inserted or deleted in the range since id_bounds counted
+        # it change it): counted here, so that no review is ever reported "already current" without a match.
+        summary.rows_selected = read.count()
+        todo = skip_done(read, jdbc.read_done(spark, cfg, sel.lo, sel.hi), cfg).persist()
         summary.rows_analysed = todo.count()
-    summary.rows_skipped = sel.rows - summary.rows_analysed
+        read.unpersist()
+        if summary.rows_selected != sel.rows:
+            log.warning("%d reviews counted in the range at the start, %d read: the source changed meanwhile",
+                        sel.rows, summary.rows_selected)
+    summary.rows_skipped = summary.rows_selected - summary.rows_analysed
     log.info(
-        "%d reviews selected, %d already current, %d to analyse", sel.rows, summary.rows_skipped, summary.rows_analysed
+        "%d reviews selected, %d already current, %d to analyse",
+        summary.rows_selected, summary.rows_skipped, summary.rows_analysed,
     )
     try:
         if todo is not None and summary.rows_analysed:
@@ -203,13 +227,42 @@ def _run(
             summary.batch_sizes = dict(metrics.batch_sizes.value)
             summary.engine_loads = sum(summary.loads_per_worker.values())
             summary.engine_batches = sum(summary.batch_sizes.values())
+        if not mysql.lease_held(lease, summary.run_id):
+            raise SinkError(f"run {summary.run_id} lost its database session (lease) before its commit: the server"
+                            " restarted or dropped it; nothing of this run is committed, a rerun analyses it")
         _commit(cfg, summary, started, on_commit)
         if cfg.delta.enabled and summary.rows_analysed:
             # After the commit, from what MySQL holds; a Delta failure never fails a committed run.
             delta.copy_after_commit(cfg, summary.run_id)
     finally:
-        if todo is not None:
-            todo.unpersist()
+        for frame in (read, todo):
+            if frame is not None:
+                frame.unpersist()
+
+
+class ErrorRateExceeded(QwenSparkError):
+    """Too many of a run's reviews came back from the model as errors: the run fails and commits nothing."""
+
+
+# A run fails on its error rate only from this many model-side errors: one unparsable answer in a micro-batch of
+# three must not stop a stream, while an outage or a broken model shows up in every row.
+ERROR_RATE_FLOOR = 3
+
+
+def check_error_rate(cfg: QwenSparkConfig, summary: RunSummary, staged: mysql.StageSummary, run_id: str) -> None:
+    """Fail the run (nothing committed) when the share of model-side errors exceeds job.max_error_rate."""
+    limit = cfg.job.max_error_rate
+    asked = staged.reviews - staged.input_errors
+    errors = staged.model_errors
+    if errors < ERROR_RATE_FLOOR or errors <= limit * asked:
+        return
+    with mysql.connect(cfg.db) as conn:
+        common = "; ".join(f"{n} x {e!r}" for e, n in mysql.top_errors(conn, run_id))
+    raise ErrorRateExceeded(
+        f"{errors} of {asked} reviews sent to the model came back as errors ({errors / asked:.1%}, above "
+        f"job.max_error_rate={limit:g}): nothing of this run is committed and a rerun tries them again. "
+        f"Most frequent: {common}"
+    )
 
 
 def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float, on_commit: CommitHook | None) -> None:
@@ -233,6 +286,7 @@ def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float, on_commit
                     " dropped, the latest copy of each review is kept", summary.run_id, staged.duplicates)
     summary.rows_ok, summary.rows_error, summary.rows_truncated = staged.ok, staged.errors, staged.truncated
     summary.tokens_in, summary.tokens_out = staged.tokens_in, staged.tokens_out
+    check_error_rate(cfg, summary, staged, summary.run_id)
 
     committed = [0]  # rows changed by the chunks committed so far: what job_runs keeps if a later one fails
 
@@ -243,7 +297,7 @@ def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float, on_commit
         summary.rows_changed = rows_changed
         summary.status = "succeeded"
         summary.seconds_total = time.perf_counter() - started
-        mysql.update_run(tx, summary.run_id, {**summary.job_runs_fields(), "finished_at": _now()})
+        mysql.update_run(tx, summary.run_id, {**summary.job_runs_fields(), "finished_at": _now()}, while_running=True)
         if on_commit is not None:
             on_commit(tx, summary)
 
@@ -288,8 +342,10 @@ def _mark_failed(cfg: QwenSparkConfig, summary: RunSummary, exc: BaseException) 
                 "message": message[:4000],
             }
             mysql.update_run(conn, summary.run_id, fields)
-    except Exception:  # the original error matters more than a failed bookkeeping update
-        log.exception("could not mark run %s failed", summary.run_id)
+    except Exception as err:  # the original error matters more than a failed bookkeeping update
+        # The next start of any job finds the run's lease free and marks it failed (mysql.abandon_runs).
+        log.warning("could not mark run %s failed (%s); the next run will", summary.run_id, one_line(err))
+        log.debug("marking run %s failed", summary.run_id, exc_info=True)
 
 
 def _now() -> datetime:

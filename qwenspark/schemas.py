@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
     IntegerType,
@@ -29,6 +31,9 @@ ASPECTS: tuple[str, ...] = (
 )
 SUMMARY_MAX_CHARS = 200
 MAX_ASPECTS = len(ASPECTS)
+# Widths of the result columns a source value is copied into (sql/schema.sql: VARCHAR(64), VARCHAR(8)).
+HOTEL_ID_MAX_CHARS = 64
+LANG_MAX_CHARS = 8
 
 Sentiment = Literal["positive", "negative", "neutral", "mixed"]
 AspectName = Literal[
@@ -101,6 +106,49 @@ RESULT_SCHEMA = StructType(
         StructField("analysed_at", TimestampType(), False),
     ]
 )
+
+# Timestamps cross Arrow as microseconds since the epoch (LongType), never as timestamps: pandas holds datetime64[ns],
+# which ends in 2262 and begins in 1677, while a MySQL DATETIME runs from 1000 to 9999 (one row out of that range
+# failed the whole batch). A NULL travels as NULL_MICROS, because pandas turns a nullable int64 column into float64,
+# whose 53 bits lose microseconds past 2255; no timestamp Spark can hold (years 1-9999) is that far from 1970.
+NULL_MICROS = -(2**63)
+MICROS_COLUMNS_IN: tuple[str, ...] = ("created_at",)
+MICROS_COLUMNS_OUT: tuple[str, ...] = ("review_created_at", "analysed_at")
+
+
+def _as_micros(schema: StructType, names: tuple[str, ...]) -> StructType:
+    return StructType([StructField(f.name, LongType(), False) if f.name in names else f for f in schema.fields])
+
+
+# What the executor (analyze.make_analyze_fn) gets and returns through mapInPandas: CLEAN_SCHEMA and RESULT_SCHEMA
+# with their timestamps as microseconds (qwenspark.pipeline.analyse converts on both sides).
+EXECUTOR_IN_SCHEMA = _as_micros(CLEAN_SCHEMA, MICROS_COLUMNS_IN)
+EXECUTOR_OUT_SCHEMA = _as_micros(RESULT_SCHEMA, MICROS_COLUMNS_OUT)
+
+
+def to_executor(cleaned: DataFrame) -> DataFrame:
+    """CLEAN_SCHEMA rows as EXECUTOR_IN_SCHEMA: timestamps as exact microseconds, NULL as NULL_MICROS."""
+    return cleaned.select(
+        *(_to_micros(f.name) if f.name in MICROS_COLUMNS_IN else F.col(f.name) for f in CLEAN_SCHEMA.fields)
+    )
+
+
+def from_executor(results: DataFrame) -> DataFrame:
+    """EXECUTOR_OUT_SCHEMA rows as RESULT_SCHEMA: the microseconds back as the same timestamps."""
+    return results.select(
+        *(_from_micros(f.name) if f.name in MICROS_COLUMNS_OUT else F.col(f.name) for f in RESULT_SCHEMA.fields)
+    )
+
+
+def _to_micros(name: str) -> Column:
+    return F.coalesce(F.unix_micros(F.col(name)), F.lit(NULL_MICROS)).alias(name)
+
+
+def _from_micros(name: str) -> Column:
+    micros = F.col(name)
+    return F.when(micros.isNull() | (micros == NULL_MICROS), F.lit(None)).otherwise(F.timestamp_micros(micros)).alias(
+        name
+    )
 
 # The staging table adds the run that wrote the row (see sql/schema.sql).
 STAGE_SCHEMA = StructType([StructField("run_id", StringType(), False), *RESULT_SCHEMA.fields])

@@ -75,14 +75,35 @@ def merged_conf(cfg: QwenSparkConfig, given: Mapping[str, str]) -> dict[str, str
     return out
 
 
+# Attempts per task in local mode, where spark.task.maxFailures does not apply: `local[N]` never retries, so one
+# lost Python worker (the model's process killed by the OOM killer, a segfault in a native library) would fail
+# the whole run. local[N, R] gives each task R attempts, as a cluster's maxFailures does.
+LOCAL_TASK_ATTEMPTS = 4
+_LOCAL = re.compile(r"^local(?:\[(\*|\d+)\])?$")
+
+
+def with_local_retries(master: str, attempts: int = LOCAL_TASK_ATTEMPTS) -> str:
+    """local, local[N] or local[*] -> local[N,attempts]; any other master (and local[N,R]) as given."""
+    m = _LOCAL.match(master.strip())
+    if not m:
+        return master
+    return f"local[{m.group(1) or 1},{attempts}]"
+
+
 def spark_session(cfg: QwenSparkConfig) -> SparkSession:
     """getOrCreate: what spark-submit set wins; the job fills absent keys and appends its jar and Java options."""
     # Without this, local workers start the system python and fail on `import pyarrow`.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     given = submitted_conf()
     builder = SparkSession.builder.appName(cfg.spark.app_name)
-    if cfg.spark.master and "spark.master" not in given:
-        builder = builder.master(cfg.spark.master)
+    master = given.get("spark.master") or cfg.spark.master
+    if master:
+        retried = with_local_retries(master, int(given.get("spark.task.maxFailures") or LOCAL_TASK_ATTEMPTS))
+        if retried != master:
+            log.info("Spark master %s -> %s: each task gets %s attempts, as on a cluster", master, retried,
+                     retried.rsplit(",", 1)[1].rstrip("]"))
+        if retried != given.get("spark.master"):
+            builder = builder.master(retried)
     added = merged_conf(cfg, given)
     for key, value in added.items():
         builder = builder.config(key, value)

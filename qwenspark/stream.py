@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from qwenspark.config import QwenSparkConfig
@@ -20,7 +20,7 @@ from qwenspark.io import mysql
 from qwenspark.io.mysql import Connection
 from qwenspark.io.stream_source import CORRUPT, read_stream, reject_json
 from qwenspark.pipeline import RunSummary, Selection, run_tracked
-from qwenspark.schemas import INPUT_SCHEMA
+from qwenspark.schemas import HOTEL_ID_MAX_CHARS, INPUT_SCHEMA
 from qwenspark.session import check_spark_conf
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,9 @@ class BatchSink:
     def _run(self, df: DataFrame, batch_id: int) -> None:
         cfg = self.cfg
         extra = [F.col(CORRUPT)] if CORRUPT in df.columns else []
-        typed = df.select(*(F.col(f.name).cast(f.dataType).alias(f.name) for f in INPUT_SCHEMA.fields), *extra)
+        # try_cast: under ANSI mode (Spark 4's default) a value of a given source that does not fit raises and
+        # would stop the stream for good; as NULL it is handled per row (a NULL review_id is a reject).
+        typed = df.select(*(F.col(f.name).try_cast(f.dataType).alias(f.name) for f in INPUT_SCHEMA.fields), *extra)
         keyed, rejects = (typed, []) if self.unique_ids else _split_rejects(typed)
         keyed = keyed.persist()
         try:
@@ -146,25 +148,33 @@ class BatchSink:
         )
 
 
+def _reject_reason(typed: DataFrame) -> Column:
+    """Why a row cannot be analysed as it is (NULL: it can): it does not parse, has no id, or holds a value that
+    would overflow a result column. (A language tag does not: clean normalises it to one that fits.)"""
+    malformed = F.col(CORRUPT).isNotNull() if CORRUPT in typed.columns else F.lit(False)
+    return (
+        F.when(malformed, F.lit("malformed record"))
+        .when(F.col("review_id").isNull(), F.lit("no review_id"))
+        .when(F.length("hotel_id") > HOTEL_ID_MAX_CHARS, F.lit(f"hotel_id longer than {HOTEL_ID_MAX_CHARS} characters"))
+        .otherwise(F.lit(None).cast("string"))
+    )
+
+
 def _split_rejects(typed: DataFrame) -> tuple[DataFrame, list[tuple[str, str]]]:
     """(rows with a usable, unique review_id; the others as (reason, raw JSON))."""
-    # A landing file (or a CDC topic) may hold lines that do not parse, lack ids or repeat one: one row per id
-    # is analysed (the newest), the others are kept aside whole.
-    malformed = F.col(CORRUPT).isNotNull() if CORRUPT in typed.columns else F.lit(False)
-    usable = typed.withColumn("_bad", malformed | F.col("review_id").isNull())
-    order = Window.partitionBy("review_id", "_bad").orderBy(F.col("created_at").desc_nulls_last(), F.col("text"))
+    # A landing file (or a CDC topic) may hold lines that do not parse, lack ids, repeat one or hold values no
+    # result column can store: one row per id is analysed (the newest), the others are kept aside whole.
+    usable = typed.withColumn("_reject", _reject_reason(typed))
+    order = Window.partitionBy("review_id", F.col("_reject").isNotNull()).orderBy(
+        F.col("created_at").desc_nulls_last(), F.col("text")
+    )
     ranked = usable.withColumn("_n", F.row_number().over(order)).persist()
     try:
         rejects = []
-        for row in ranked.where(F.col("_bad") | (F.col("_n") > 1)).collect():
-            raw = {k: v for k, v in row.asDict().items() if k not in ("_bad", "_n")}
-            reason = (
-                "malformed record" if raw.get(CORRUPT) is not None
-                else "no review_id" if raw["review_id"] is None
-                else "review_id repeated in the batch"
-            )
-            rejects.append((reason, reject_json(raw)))
-        keyed = ranked.where(~F.col("_bad") & (F.col("_n") == 1)).select(*INPUT_SCHEMA.fieldNames())
+        for row in ranked.where(F.col("_reject").isNotNull() | (F.col("_n") > 1)).collect():
+            raw = {k: v for k, v in row.asDict().items() if k not in ("_reject", "_n")}
+            rejects.append((row["_reject"] or "review_id repeated in the batch", reject_json(raw)))
+        keyed = ranked.where(F.col("_reject").isNull() & (F.col("_n") == 1)).select(*INPUT_SCHEMA.fieldNames())
         # Materialise before the ranked cache goes: keyed is persisted by the caller.
         return keyed.localCheckpoint(eager=True), rejects
     finally:

@@ -50,8 +50,9 @@ class Completion:
 class Engine(Protocol):
     """A loaded model that turns chat conversations into completions, one per conversation, in order.
 
-    generate() raises ValueError/TypeError for a request the engine refuses (a per-row problem: the
-    caller isolates the row); any other exception means the engine itself failed (fatal for the task).
+    generate() raises qwenspark.errors.RequestError for a request the engine refuses (a per-row problem: the
+    caller isolates the row); any other exception, a ValueError or TypeError of a bug included, means the engine
+    itself failed (fatal for the task).
     """
 
     model_name: str
@@ -78,7 +79,7 @@ class StreamingEngine(Engine, Protocol):
     """An engine that takes requests one at a time and reports them as they finish (continuous batching)."""
 
     def submit(self, conversation: Sequence[Message]) -> str:
-        """Queue one request; returns its id. Raises ValueError/TypeError if the engine refuses it."""
+        """Queue one request; returns its id. Raises RequestError if the engine refuses it."""
         ...
 
     def step(self) -> list[tuple[str, Completion]]:

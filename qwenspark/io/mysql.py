@@ -53,11 +53,16 @@ def connect(db: DbConfig, *, autocommit: bool = False, password: SecretStr | Non
         autocommit=autocommit,
         client_flags=[-ClientFlag.FOUND_ROWS],
         time_zone="+00:00",
+        # A host that drops packets must not hang a job (or its preflight) for the whole TCP timeout.
+        connection_timeout=10,
     )
     try:
         yield conn
     finally:
-        conn.close()
+        try:
+            conn.close()
+        except mysql.connector.Error:  # the server is gone: an error on the way out must not hide the first one
+            log.debug("closing a broken connection", exc_info=True)
 
 
 def run_script(conn: Connection, script: str, params: Mapping[str, Any] | None = None) -> list[int]:
@@ -70,9 +75,33 @@ def run_script(conn: Connection, script: str, params: Mapping[str, Any] | None =
     return counts
 
 
-def ensure_schema(db: DbConfig) -> None:
-    """Create the tables and dashboard views if missing, and migrate an older staging table (idempotent)."""
+_OBJECT = re.compile(r"^CREATE (?:TABLE IF NOT EXISTS|OR REPLACE VIEW) (\w+)", re.M)
+
+
+def schema_objects() -> list[str]:
+    """The tables and views sql/schema.sql and sql/views.sql create."""
+    return _OBJECT.findall(sql_text("schema.sql") + "\n" + sql_text("views.sql"))
+
+
+def missing_objects(conn: Connection) -> list[str]:
+    """The tables and views of schema_objects() that the database lacks."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")
+        have = {str(r[0]).lower() for r in cur.fetchall()}
+    return [name for name in schema_objects() if name.lower() not in have]
+
+
+def ensure_schema(db: DbConfig, *, force: bool = False) -> None:
+    """Create the tables and dashboard views if missing, and migrate an older staging table (idempotent).
+
+    When every table and view exists (and the staging table has the current layout) nothing runs: a job's user
+    needs no CREATE, CREATE VIEW or DROP grant after the first run (or `qwenspark init-db`, which forces it).
+    """
     with connect(db, autocommit=True) as conn:
+        if not force and not missing_objects(conn):
+            with conn.cursor() as cur:
+                if _stage_is_current(cur):
+                    return
         run_script(conn, sql_text("schema.sql"))
         migrate_stage(conn)
         run_script(conn, sql_text("views.sql"))
@@ -145,6 +174,12 @@ class StageSummary:
     truncated: int
     tokens_in: int
     tokens_out: int
+    input_errors: int = 0  # errors found before the model (empty:, invalid:): not the model's doing
+
+    @property
+    def model_errors(self) -> int:
+        """Rows the model (or the engine) was asked about whose result is an error."""
+        return self.errors - self.input_errors
 
     @property
     def duplicates(self) -> int:
@@ -152,9 +187,12 @@ class StageSummary:
         return self.rows - self.reviews
 
 
+# Error prefixes of rows that never reached the model (qwenspark.clean): they say nothing of the engine's health.
+INPUT_ERROR_PREFIXES = ("empty:", "invalid:")
 _SUMS = (
     "COALESCE(SUM(error IS NULL), 0), COALESCE(SUM(error IS NOT NULL), 0), COALESCE(SUM(truncated), 0),"
-    " COALESCE(SUM(tokens_in), 0), COALESCE(SUM(tokens_out), 0)"
+    " COALESCE(SUM(tokens_in), 0), COALESCE(SUM(tokens_out), 0),"
+    " COALESCE(SUM(" + " OR ".join(f"LEFT(error, {len(p)}) = '{p}'" for p in INPUT_ERROR_PREFIXES) + "), 0)"
 )
 _LATEST = (
     "s.stage_seq = (SELECT MAX(d.stage_seq) FROM review_sentiment_stage d"
@@ -176,6 +214,20 @@ def stage_summary(conn: Connection, run_id: str) -> StageSummary:
             sums = [int(v) for v in cur.fetchone()]
     conn.rollback()
     return StageSummary(rows, reviews, *sums)
+
+
+def top_errors(conn: Connection, run_id: str, limit: int = 3) -> list[tuple[str, int]]:
+    """The run's most frequent staged model-side errors (first 160 characters) and how often each occurs."""
+    inputs = " AND ".join(f"LEFT(error, {len(p)}) <> '{p}'" for p in INPUT_ERROR_PREFIXES)
+    with conn.cursor() as cur:
+        cur.execute(
+            f"SELECT LEFT(error, 160) AS e, COUNT(*) FROM review_sentiment_stage WHERE run_id = %s"
+            f" AND error IS NOT NULL AND {inputs} GROUP BY e ORDER BY COUNT(*) DESC LIMIT %s",
+            (run_id, limit),
+        )
+        found = [(str(e), int(n)) for e, n in cur.fetchall()]
+    conn.rollback()
+    return found
 
 
 MIN_REVIEW_ID, MAX_REVIEW_ID = -(2**63), 2**63 - 1
@@ -264,6 +316,7 @@ def commit_chunk(conn: Connection, run_id: str, lo: int, hi: int, *, max_rows: i
                     affected = max(int(cur.rowcount), 0)
 
         run("changes")
+        failpoint("sink.upsert", lo)  # inside the chunk's open transaction (the DB kill tests)
         cur.execute("SELECT COUNT(*), COALESCE(SUM(is_new), 0) FROM tmp_chunk")
         changed_rows, new_rows = (int(v) for v in cur.fetchone())
         if changed_rows:
@@ -467,11 +520,17 @@ def insert_run(db: DbConfig, row: Mapping[str, Any]) -> None:
         cur.execute(f"INSERT INTO job_runs ({cols}) VALUES ({marks})", dict(row))
 
 
-def update_run(conn: Connection, run_id: str, fields: Mapping[str, Any]) -> None:
-    """Set job_runs fields of run_id on conn (inside the caller's transaction when autocommit is off)."""
+def update_run(conn: Connection, run_id: str, fields: Mapping[str, Any], *, while_running: bool = False) -> None:
+    """Set job_runs fields of run_id on conn (inside the caller's transaction when autocommit is off).
+
+    while_running: only if the run is still 'running', else SinkError (another start abandoned it meanwhile).
+    """
     sets = ", ".join(f"{c} = %({c})s" for c in fields)
+    guard = " AND status = 'running'" if while_running else ""
     with conn.cursor() as cur:
-        cur.execute(f"UPDATE job_runs SET {sets} WHERE run_id = %(run_id)s", {**fields, "run_id": run_id})
+        cur.execute(f"UPDATE job_runs SET {sets} WHERE run_id = %(run_id)s{guard}", {**fields, "run_id": run_id})
+        if while_running and cur.rowcount != 1:
+            raise SinkError(f"run {run_id} is no longer 'running' in job_runs: it was marked abandoned meanwhile")
 
 
 def load_reviews_csv(db: DbConfig, path: Path) -> tuple[int, int]:
@@ -525,22 +584,69 @@ def record_batch(conn: Connection, row: Mapping[str, Any], rejects: list[tuple[s
             )
 
 
-def abandon_runs(db: DbConfig, job: str, batch_rows: int = 50_000) -> int:
-    """Mark runs of job still 'running' as failed and drop their staged rows (their driver died); returns how many.
+RUN_LOCK = "qwenspark.run."  # + run_id: held by the driver of a running run, for as long as it runs
 
-    The staged rows go first, in bounded transactions, then the status: a crash in between leaves the run
-    'running', and the next call finishes the job. Chunks such a run committed before its driver died stay: they
-    are final (see commit_run), and the replay analyses only what they did not cover.
+
+def run_lock_name(run_id: str) -> str:
+    """The named lock that says run_id's driver is alive."""
+    return f"{RUN_LOCK}{run_id}"
+
+
+@contextmanager
+def run_lease(db: DbConfig, run_id: str) -> Iterator[Connection]:
+    """Hold run_id's lock on a connection of its own while the run runs; yields that connection.
+
+    MariaDB releases a named lock when its session ends: a driver that dies (or loses its database) leaves a
+    'running' run whose lock is free, which the next start recognises as abandoned (abandon_runs). The session
+    is kept open however long the run takes (wait_timeout raised: a model stage may run for hours).
     """
+    with connect(db, autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.execute("SET SESSION wait_timeout = 31536000")
+            cur.execute("SELECT GET_LOCK(%s, 0)", (run_lock_name(run_id),))
+            if cur.fetchone()[0] != 1:
+                raise SinkError(f"run {run_id}: its lock is held elsewhere")
+        yield conn
+
+
+def lease_held(conn: Connection, run_id: str) -> bool:
+    """Whether conn still holds run_id's lock (False once the server restarted or dropped the session)."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (run_lock_name(run_id),))
+            row = cur.fetchone()
+        return bool(row and row[0])
+    except mysql.connector.Error:
+        return False
+
+
+def abandon_runs(db: DbConfig, job: str | None = None, batch_rows: int = 50_000) -> int:
+    """Mark 'running' runs whose driver is gone as failed and drop their staged rows; returns how many.
+
+    A run is abandoned when its lock (run_lease) is free: its driver died, or lost its database session, before
+    it committed. Runs of live drivers (another batch, a stream) hold their locks and are left alone. job limits
+    it to one job's runs (None: all). The staged rows go first, in bounded transactions, then the status: a
+    crash in between leaves the run 'running', and the next call finishes the job. Chunks such a run committed
+    before its driver died stay: they are final (see commit_run), and a rerun analyses only what they did not
+    cover.
+    """
+    abandoned = 0
     with connect(db, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute("SELECT run_id FROM job_runs WHERE job = %s AND status = 'running'", (job,))
-        run_ids = [r[0] for r in cur.fetchall()]
-        for run_id in run_ids:
+        if job is None:
+            cur.execute("SELECT run_id FROM job_runs WHERE status = 'running'")
+        else:
+            cur.execute("SELECT run_id FROM job_runs WHERE job = %s AND status = 'running'", (job,))
+        for (run_id,) in cur.fetchall():
+            cur.execute("SELECT IS_FREE_LOCK(%s)", (run_lock_name(run_id),))
+            if cur.fetchone()[0] != 1:  # its driver is alive
+                continue
             _delete_stage(conn, run_id, batch_rows)
             cur.execute(
                 "UPDATE job_runs SET status = 'failed', finished_at = UTC_TIMESTAMP(3),"
-                " message = 'abandoned: its driver stopped before the run committed; the batch is replayed'"
+                " message = 'abandoned: its driver (or its database session) ended before the run committed;"
+                " its staged rows were dropped and a rerun analyses what it did not commit'"
                 " WHERE run_id = %s AND status = 'running'",
                 (run_id,),
             )
-    return len(run_ids)
+            abandoned += max(int(cur.rowcount), 0)
+    return abandoned

@@ -94,8 +94,10 @@ class ReviewStreamReader(DataSourceStreamReader):
             return {_KEY: int(newest)}
         if self.start_after:
             return {_KEY: int(self.start_after)}
-        ((oldest,),) = self._query(f"SELECT COALESCE(MIN(review_id), 0) - 1 FROM {self.table}")
-        return {_KEY: int(oldest)}
+        # One below the first id, in Python: in SQL, MIN(review_id) - 1 is out of BIGINT's range when a review has
+        # id -9223372036854775808. (The offset is JSON and the comparisons are exact beyond BIGINT.)
+        ((oldest,),) = self._query(f"SELECT COALESCE(MIN(review_id), 0) FROM {self.table}")
+        return {_KEY: int(oldest) - 1}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows)
@@ -116,16 +118,15 @@ class ReviewStreamReader(DataSourceStreamReader):
         return split_range(int(start[_KEY]), int(end[_KEY]), self.parts)
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        """The partition's reviews, with DATETIMEs marked UTC (the session time zone of the jobs)."""
+        """The partition's reviews in INPUT_SCHEMA's types (see as_input_row)."""
         assert isinstance(partition, IdRange)
         cols = ", ".join(INPUT_SCHEMA.fieldNames())
         rows = self._query(
             f"SELECT {cols} FROM {self.table} WHERE review_id > %s AND review_id <= %s ORDER BY review_id",
             (partition.lo, partition.hi),
         )
-        for review_id, hotel_id, created, lang, rating, text in rows:
-            created_utc = created.replace(tzinfo=UTC) if isinstance(created, datetime) else created
-            yield review_id, hotel_id, created_utc, lang, rating, text
+        for row in rows:
+            yield as_input_row(row)
 
     def commit(self, end: dict[str, int]) -> None:
         pass
@@ -143,6 +144,34 @@ class ReviewStreamSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return ReviewStreamReader(dict(self.options))
+
+
+def as_input_row(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A source row as INPUT_SCHEMA's types, whatever the user's column types hold: a value that does not fit
+    becomes NULL (the row then gets its per-row result) instead of failing the read task and the stream.
+
+    DATETIMEs are marked UTC (the session time zone of the jobs); a zero date (the driver hands it over as text
+    or None) is NULL. Text columns may be numbers or bytes in a user's table.
+    """
+    review_id, hotel_id, created, lang, rating, text = row
+    created_utc = created.replace(tzinfo=UTC) if isinstance(created, datetime) else None
+    return int(review_id), _text(hotel_id), created_utc, _text(lang), _int32(rating), _text(text)
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _int32(value: Any) -> int | None:
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if -(2**31) <= number < 2**31 else None
 
 
 def read_stream(spark: SparkSession, cfg: QwenSparkConfig) -> DataFrame:
@@ -185,5 +214,10 @@ def read_stream(spark: SparkSession, cfg: QwenSparkConfig) -> DataFrame:
 
 
 def reject_json(row: dict[str, Any]) -> str:
-    """A rejected row as JSON text (timestamps as ISO strings)."""
-    return json.dumps(row, default=str, ensure_ascii=False)
+    """A rejected row as JSON text (timestamps as ISO strings), storable whatever its strings hold."""
+    text = json.dumps(row, default=str, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate cannot go to utf8mb4: escaped (\ud800), as JSON allows
+        return json.dumps(row, default=str, ensure_ascii=True)
+    return text

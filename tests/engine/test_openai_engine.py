@@ -23,7 +23,7 @@ import pytest
 from qwenspark.config import EngineConfig, load_config
 from qwenspark.engines import build_engine
 from qwenspark.engines.openai import OpenAIEngine, _retry_after_s
-from qwenspark.errors import ConfigError
+from qwenspark.errors import ConfigError, EngineError
 from qwenspark.parse import json_schema, parse_completion
 from qwenspark.prompts import get_template
 from tests.conftest import SAMPLE_REVIEWS
@@ -69,7 +69,13 @@ def stub() -> Iterator[Stub]:
             try:
                 time.sleep(state.delay_s)
                 status, headers, reply = state.script(count, body)
-                payload = json.dumps(reply).encode()
+            finally:
+                # Before the answer goes out: once the client has it, its next request may arrive before this
+                # thread runs again, and would be counted as a fifth in flight with four connections.
+                with state.lock:
+                    state.in_flight -= 1
+            payload = json.dumps(reply).encode()
+            try:
                 self.send_response(status)
                 for key, value in {"Content-Type": "application/json", **headers}.items():
                     self.send_header(key, value)
@@ -78,9 +84,6 @@ def stub() -> Iterator[Stub]:
                 self.wfile.write(payload)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up on a slow answer (timeout tests)
-            finally:
-                with state.lock:
-                    state.in_flight -= 1
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
@@ -180,22 +183,135 @@ def test_429_twice_then_ok_is_retried_and_honours_retry_after(stub: Stub) -> Non
     assert parsed.error is None and parsed.record is not None and parsed.record.sentiment == "positive"
 
 
-def test_500_gives_row_error_after_max_retries(stub: Stub, caplog: pytest.LogCaptureFixture) -> None:
-    stub.script = lambda n, body: (500, {}, _error_body("engine died"))
+def test_503_past_max_retries_fails_the_call(stub: Stub, caplog: pytest.LogCaptureFixture) -> None:
+    stub.script = lambda n, body: (503, {}, _error_body("engine died"))
+    engine = _engine(stub.url, max_retries=2)
+    try:
+        with pytest.raises(EngineError) as info:
+            engine.generate([CONVERSATION])
+    finally:
+        engine.close()
+    assert len(stub.requests) == 3  # the first try and 2 retries
+    message = str(info.value)
+    assert message.startswith(f"openai engine: HTTP 503 from {stub.url}/chat/completions: engine died;")
+    assert f"engine.base_url={stub.url}" in message and message.endswith("(gave up after 3 attempts)")
+    retries = [r for r in caplog.records if r.name == "qwenspark.engines.openai"]
+    assert [r.levelname for r in retries] == ["WARNING", "WARNING"]
+
+
+def test_503_twice_then_ok_gives_results(stub: Stub) -> None:
+    stub.script = lambda n, body: (503, {}, _error_body("warming up")) if n <= 2 else (200, {}, OK_BODY)
     engine = _engine(stub.url, max_retries=2)
     try:
         [done] = engine.generate([CONVERSATION])
     finally:
         engine.close()
-    assert len(stub.requests) == 3  # the first try and 2 retries
-    assert done.text == "" and (done.tokens_in, done.tokens_out) == (0, 0)
-    assert done.finish_reason == "error: HTTP 500: engine died (gave up after 3 attempts)"
-    assert (
-        parse_completion(done.text, done.finish_reason).error
-        == "engine: HTTP 500: engine died (gave up after 3 attempts)"
-    )
-    retries = [r for r in caplog.records if r.name == "qwenspark.engines.openai"]
-    assert [r.levelname for r in retries] == ["WARNING", "WARNING"]
+    assert len(stub.requests) == 3
+    assert (done.text, done.finish_reason) == (ANSWER, "stop")
+
+
+def test_connection_refused_fails_the_call_quickly() -> None:
+    url = f"http://127.0.0.1:{_free_port()}/v1"  # a port nobody listens on
+    engine = _engine(url, max_retries=2)
+    started = time.perf_counter()
+    try:
+        with pytest.raises(EngineError) as info:
+            engine.generate([CONVERSATION] * 8)
+    finally:
+        engine.close()
+    assert time.perf_counter() - started < 5
+    message = str(info.value)
+    assert message.startswith(f"openai engine: cannot reach engine.base_url={url}: ConnectError")
+    assert message.endswith("(gave up after 3 attempts)")
+
+
+def test_timeouts_past_max_retries_fail_the_call(stub: Stub) -> None:
+    stub.delay_s = 1.0
+    engine = _engine(stub.url, request_timeout_s=0.1, max_retries=1)
+    try:
+        with pytest.raises(EngineError, match=r"no answer within engine\.request_timeout_s=0\.1 s from"):
+            engine.generate([CONVERSATION])
+    finally:
+        engine.close()
+    assert len(stub.requests) == 2
+
+
+def test_401_fails_at_once_naming_api_key_env_never_the_key(stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QS_TEST_OPENAI_KEY", "sk-secret-987")
+    # Servers do echo what they were sent; the key must still not reach the error.
+    stub.script = lambda n, body: (401, {}, _error_body("Incorrect API key provided: sk-secret-987"))
+    engine = _engine(stub.url, api_key_env="QS_TEST_OPENAI_KEY", max_retries=5, max_concurrency=4)
+    try:
+        with pytest.raises(EngineError) as info:
+            engine.generate([CONVERSATION] * 20)
+    finally:
+        engine.close()
+    message = str(info.value)
+    assert "HTTP 401" in message and "engine.api_key_env=QS_TEST_OPENAI_KEY (set)" in message
+    assert "sk-secret-987" not in message and "***" in message
+    # Not retried, and the call's queued requests were never sent: at most one per connection went out.
+    assert len(stub.requests) <= 4
+
+
+def test_404_fails_at_once_naming_model_and_base_url(stub: Stub) -> None:
+    stub.script = lambda n, body: (404, {}, _error_body("The model `qwen-test` does not exist."))
+    engine = _engine(stub.url, max_concurrency=1)
+    try:
+        with pytest.raises(EngineError) as info:
+            engine.generate([CONVERSATION] * 5)
+    finally:
+        engine.close()
+    message = str(info.value)
+    assert "HTTP 404" in message and "does not exist" in message
+    assert f"engine.model=qwen-test and engine.base_url={stub.url}" in message
+    assert "gave up" not in message and len(stub.requests) == 1
+
+
+def test_fatal_request_stops_the_others_and_the_engine_serves_the_next_call(stub: Stub) -> None:
+    # One request meets a bad key while the others are deep in slow 503 retries: the call fails at once.
+    def script(n: int, body: dict[str, Any]) -> Reply:
+        if body["messages"][-1]["content"] == "fatal":
+            return 403, {}, _error_body("forbidden")
+        return 503, {"Retry-After": "30"}, _error_body("busy")
+
+    stub.script = script
+    engine = _engine(stub.url, max_concurrency=4, max_retries=5)
+    conversations = [[{"role": "user", "content": text}] for text in ("row 0", "row 1", "row 2", "fatal")]
+    started = time.perf_counter()
+    try:
+        with pytest.raises(EngineError, match=r"HTTP 403 .*engine\.api_key_env=OPENAI_API_KEY"):
+            engine.generate(conversations)
+        assert time.perf_counter() - started < 5, "the 503 rows did not wait out their 30 s Retry-After"
+        assert len(stub.requests) == 4
+
+        stub.script = lambda n, body: (200, {}, OK_BODY)  # the server is back: the same engine works again
+        assert [c.text for c in engine.generate([CONVERSATION] * 3)] == [ANSWER] * 3
+    finally:
+        engine.close()
+
+
+def test_close_during_retries_fails_the_call(stub: Stub) -> None:
+    stub.script = lambda n, body: (503, {"Retry-After": "30"}, _error_body("busy"))
+    engine = _engine(stub.url)
+    timer = threading.Timer(0.3, engine.close)
+    timer.start()
+    started = time.perf_counter()
+    with pytest.raises(EngineError, match="closed during the call"):
+        engine.generate([CONVERSATION] * 3)
+    timer.join()
+    assert time.perf_counter() - started < 5
+    with pytest.raises(EngineError, match="closed"):
+        engine.generate([CONVERSATION])
+
+
+def test_unexpected_status_fails_the_call_naming_base_url(stub: Stub) -> None:
+    stub.script = lambda n, body: (307, {"Location": "https://elsewhere/v1/chat/completions"}, {})
+    engine = _engine(stub.url)
+    try:
+        with pytest.raises(EngineError, match=rf"HTTP 307 .*check engine\.base_url={stub.url}"):
+            engine.generate([CONVERSATION])
+    finally:
+        engine.close()
 
 
 def test_400_is_not_retried(stub: Stub) -> None:
@@ -231,25 +347,36 @@ def test_one_bad_row_keeps_the_batch_in_order_and_concurrency_is_bounded(stub: S
     assert stub.most_in_flight == 3
 
 
-def test_timeout_and_connection_errors_are_retried_then_row_errors(stub: Stub) -> None:
-    stub.delay_s = 1.0
-    engine = _engine(stub.url, request_timeout_s=0.1, max_retries=1)
-    try:
-        [slow] = engine.generate([CONVERSATION])
-    finally:
-        engine.close()
-    assert len(stub.requests) == 2
-    assert slow.finish_reason is not None and slow.finish_reason.startswith("error: timeout after 0.1 s")
+@pytest.mark.parametrize("status", [400, 413, 422])
+def test_row_content_statuses_are_that_rows_error(stub: Stub, status: int) -> None:
+    def script(n: int, body: dict[str, Any]) -> Reply:
+        bad = body["messages"][-1]["content"] == "bad"
+        return (status, {}, _error_body("prompt too long")) if bad else (200, {}, OK_BODY)
 
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    engine = _engine(f"http://127.0.0.1:{port}/v1", max_retries=1)
+    stub.script = script
+    engine = _engine(stub.url)
     try:
-        [refused] = engine.generate([CONVERSATION])
+        results = engine.generate([CONVERSATION, [{"role": "user", "content": "bad"}], CONVERSATION])
     finally:
         engine.close()
-    assert refused.finish_reason is not None and refused.finish_reason.startswith("error: connection: ConnectError")
+    assert [r.finish_reason for r in results] == ["stop", f"error: HTTP {status}: prompt too long", "stop"]
+    assert len(stub.requests) == 3
+
+
+def test_200_that_is_not_a_chat_completion_is_that_rows_error(stub: Stub) -> None:
+    def script(n: int, body: dict[str, Any]) -> Reply:
+        bad = body["messages"][-1]["content"] == "bad"
+        return (200, {}, {"object": "list", "data": []}) if bad else (200, {}, OK_BODY)
+
+    stub.script = script
+    engine = _engine(stub.url)
+    try:
+        ok, bad = engine.generate([CONVERSATION, [{"role": "user", "content": "bad"}]])
+    finally:
+        engine.close()
+    assert ok.text == ANSWER
+    error = parse_completion(bad.text, bad.finish_reason).error
+    assert error is not None and error.startswith("engine: malformed response (KeyError")
 
 
 def test_authorization_header_only_with_key(stub: Stub, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -363,6 +363,9 @@ def test_aggregates_and_rows_changed_equal_the_previous_commit(
         for i, (run_id, rows) in enumerate([*runs, runs[1]]):  # the last: a replay of the second run (same id)
             if i < 2:
                 _start_run(tiny_cfg, run_id)
+            else:  # the replayed run is running again (a committed run refuses a second 'succeeded')
+                with mysql.connect(tiny_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+                    cur.execute("UPDATE job_runs SET status = 'running' WHERE run_id = %s", (run_id,))
             _stage(tiny_cfg, run_id, rows)
             changed.append(commit(run_id, len(rows)))  # type: ignore[operator]
         return changed, snapshot(tiny_cfg)

@@ -7,7 +7,10 @@ engine_kwargs: seconds_per_token (decode time of one token for the whole batch, 
 takes as long as its longest answer), min_tokens / max_tokens (answer lengths, varied per review),
 record_dir (one JSON-lines file per process: load, call, close events; also $QWENSPARK_ECHO_RECORDS).
 Inside a Spark task, load and call records also hold the task: stage, partition, attempt (its attempt number) and
-task (Spark's task attempt id); outside one they are null.
+task (Spark's task attempt id); outside one they are null. A call record also counts the reviews of the call without
+content (no_content: no letter, digit or symbol, tests/support/hostile.py:has_content; the job should have flagged
+them `empty:` without the model) and the prompts without a <review> block (unframed: the labels then read the whole
+prompt).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message
+from tests.support.hostile import has_content
 
 NEGATIVE = ("dirty", "rude", "broken", "cold", "noisy", "filthy", "差", "吵", "脏", "不好")
 REVIEW = re.compile(r"<review>\n(.*)\n</review>", re.S)
@@ -106,9 +110,11 @@ class EchoEngine:
     def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
         started = time.time()
         out, lengths, texts = [], [], []
+        unframed = 0
         for conversation in conversations:
             prompt = conversation[-1]["content"]
             found = REVIEW.search(prompt)
+            unframed += found is None
             text = found.group(1) if found else prompt
             negative = any(word in text.lower() for word in NEGATIVE)
             answer = {
@@ -123,7 +129,9 @@ class EchoEngine:
         if self.seconds_per_token and lengths:
             time.sleep(self.seconds_per_token * max(lengths))
         self._record(event="call", start=started, end=time.time(), rows=len(out),
-                     keys=[hashlib.sha256(t.encode()).hexdigest()[:12] for t in texts], **task_fields())
+                     keys=[hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest()[:12] for t in texts],
+                     no_content=sum(not has_content(t) for t in texts), unframed=unframed,
+                     **task_fields())
         return out
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""The executor function with fake engines: one row out per row in, per-row errors, fatal errors propagate."""
+"""The executor function with fake engines: one row out per row in, per-row errors, fatal errors and bugs propagate."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from qwenspark.analyze import AnalyzeSpec, analyze_chunk, make_analyze_fn
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Message
-from qwenspark.schemas import RESULT_COLUMNS
+from qwenspark.errors import RequestError
+from qwenspark.schemas import EXECUTOR_OUT_SCHEMA, NULL_MICROS, RESULT_COLUMNS
 
 GOOD = json.dumps({"sentiment": "positive", "summary": "ok", "aspects": [{"aspect": "room", "sentiment": "positive"}]})
 
 
 class FakeEngine:
-    """Answers GOOD, except: refuses reviews containing 'REFUSE', babbles for 'BABBLE', dies for 'DIE'."""
+    """Answers GOOD, except: refuses reviews containing 'REFUSE', babbles for 'BABBLE', dies for 'DIE';
+    'BUG' raises a TypeError from generate and 'BADVALUE' a ValueError from encode (bugs, not refusals)."""
 
     model_name = "fake"
 
@@ -26,6 +28,8 @@ class FakeEngine:
         self.calls: list[int] = []
 
     def encode(self, text: str) -> list[int]:
+        if "BADVALUE" in text:
+            raise ValueError("invalid literal for int() with base 10: 'x'")
         return [ord(c) for c in text]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -36,8 +40,10 @@ class FakeEngine:
         reviews = [c[-1]["content"] for c in conversations]
         if any("DIE" in r for r in reviews):
             raise RuntimeError("CUDA error: device lost")
+        if any("BUG" in r for r in reviews):
+            raise TypeError("'NoneType' object is not subscriptable")
         if any("REFUSE" in r for r in reviews):
-            raise ValueError("prompt too long")
+            raise RequestError("prompt too long")
         return [
             Completion("I think it is nice" if "BABBLE" in r else GOOD, "stop", len(r), 12) for r in reviews
         ]
@@ -112,3 +118,61 @@ def test_empty_partition_loads_nothing() -> None:
     cache.clear()
     fn = make_analyze_fn(_spec(), engine_factory=lambda cfg: pytest.fail("loaded"))
     assert list(fn(iter([]))) == []
+
+
+@pytest.mark.parametrize(("text", "error"), [("a BUG here", TypeError), ("BADVALUE", ValueError)])
+def test_a_bug_fails_the_task_instead_of_becoming_error_rows(text: str, error: type[Exception]) -> None:
+    # Before: any ValueError/TypeError was taken for the engine refusing a row, so a code bug stored an error row
+    # for every review and the run committed them. Only RequestError is a refusal now.
+    with pytest.raises(error):
+        analyze_chunk(FakeEngine(), _frame(["fine", text, "good"]), _spec())
+
+
+class BuggyStreamingEngine(FakeEngine):
+    """A continuous-feed engine whose submit has a bug for reviews containing 'BUG' (and refuses 'REFUSE')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: list[str] = []
+
+    def submit(self, conversation: Sequence[Message]) -> str:
+        review = conversation[-1]["content"]
+        if "BUG" in review:
+            raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+        if "REFUSE" in review:
+            raise RequestError("too long")
+        self.live.append(f"r{len(self.live)}")
+        return self.live[-1]
+
+    def step(self) -> list[tuple[str, Completion]]:
+        done, self.live = self.live, []
+        return [(rid, Completion(GOOD, "stop", 1, 1)) for rid in done]
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        self.live = [r for r in self.live if r not in request_ids]
+
+
+def test_continuous_feed_refusal_is_a_row_error_and_a_bug_fails_the_task() -> None:
+    cache.clear()
+    spec = AnalyzeSpec(
+        engine=EngineConfig(model="fake", batch_size=2, continuous=True), prompt_version="v1", max_review_tokens=50
+    )
+    out = pd.concat(list(make_analyze_fn(spec, engine_factory=lambda cfg: BuggyStreamingEngine())(
+        iter([_frame(["fine", "REFUSE", "good"])]))))
+    assert out["error"].tolist() == [None, "engine refused the request: too long", None]
+    cache.clear()
+    with pytest.raises(TypeError, match="unsupported operand"):
+        list(make_analyze_fn(spec, engine_factory=lambda cfg: BuggyStreamingEngine())(
+            iter([_frame(["fine", "BUG", "good"])])))
+    cache.clear()
+
+
+def test_timestamps_pass_through_as_microseconds() -> None:
+    # The executor copies created_at as it comes (microseconds, NULL as NULL_MICROS: schemas.to_executor) and
+    # stamps analysed_at in microseconds: no datetime64[ns] anywhere, so 9999-12-31 cannot overflow.
+    micros = [253402300799000000, NULL_MICROS, -30610224000000000]
+    frame = _frame(["a", "b", "c"]).assign(created_at=micros)
+    out = analyze_chunk(FakeEngine(), frame, _spec())
+    assert out["review_created_at"].tolist() == micros and str(out["review_created_at"].dtype) == "int64"
+    assert str(out["analysed_at"].dtype) == "int64" and out["analysed_at"].iloc[0] > 1_700_000_000_000_000
+    assert [f.name for f in EXECUTOR_OUT_SCHEMA.fields] == list(RESULT_COLUMNS)

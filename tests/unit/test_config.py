@@ -1,6 +1,9 @@
 """Config: YAML + overrides load typed; bad keys and secrets on argv fail with the key named."""
 
-from datetime import datetime
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ def test_local_config_loads_and_overrides_are_typed() -> None:
     cfg = load_config(LOCAL, ["engine.batch_size=7", "job.reprocess=true", "source.created_from=2026-11-01"])
     assert cfg.engine.batch_size == 7
     assert cfg.job.reprocess is True
-    assert cfg.source.created_from == datetime(2026, 11, 1)
+    assert cfg.source.created_from == datetime(2026, 11, 1, tzinfo=UTC)
     assert cfg.engine.kind == "vllm"
 
 
@@ -61,3 +64,141 @@ def test_config_hash_tracks_results_not_spark() -> None:
 
 def test_jdbc_url_uses_mysql_dialect() -> None:
     assert load_config(LOCAL).db.jdbc_url().startswith("jdbc:mysql://127.0.0.1:13306/qwenspark?")
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "engine.batch_size",
+        "engine.temperature",
+        "engine.max_tokens",
+        "engine.gpu_memory_utilization",
+        "db.port",
+        "source.num_partitions",
+        "source.min_id",
+        "job.slots",
+        "job.max_error_rate",
+        "stream.trigger_seconds",
+        "stream.start_after_id",
+    ],
+)
+@pytest.mark.parametrize("flag", ["true", "false"])
+def test_a_boolean_is_not_a_number(key: str, flag: str) -> None:
+    # pydantic takes true as 1: engine.batch_size=true ran with batches of one.
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', r'[.]')}: expected a number, got {flag}"):
+        load_config(LOCAL, [f"{key}={flag}"])
+
+
+def test_booleans_still_set_boolean_fields() -> None:
+    cfg = load_config(LOCAL, ["engine.guided=false", "job.reprocess=true", "stream.available_now=true"])
+    assert (cfg.engine.guided, cfg.job.reprocess, cfg.stream.available_now) == (False, True, True)
+
+
+def test_unknown_prompt_version_fails_at_load() -> None:
+    with pytest.raises(ConfigError, match=r"prompt\.version: unknown 'v7'; known: v1, v2"):
+        load_config(LOCAL, ["prompt.version=v7"])
+
+
+def test_default_model_needs_the_default_models_folder() -> None:
+    # It used to fetch the default model and run it under the user's model name.
+    with pytest.raises(ConfigError, match=r"engine: default_model: true .* set engine\.model to /m/qwen2\.5-coder"):
+        load_config(LOCAL, ["engine.model=/m/my-qwen3-8b"])
+    own = load_config(LOCAL, ["engine.model=/m/my-qwen3-8b", "engine.default_model=false"])
+    assert own.engine.default_model is False
+    assert load_config(LOCAL, ["engine.model=/m/qwen2.5-coder-0.5b-instruct"]).engine.default_model is True
+
+
+def test_config_checks_import_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "from qwenspark.config import load_config\n"
+        f"load_config({str(LOCAL)!r}, ['prompt.version=v2'])\n"
+        "print(','.join(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("content", ["", "\n", "  \nsecond-line\n"])
+def test_empty_password_file_fails_at_load(tmp_path: Path, content: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text(content)
+    monkeypatch.delenv("QS_TEST_PW", raising=False)
+    with pytest.raises(ConfigError, match=rf"db\.password_file: {secret} is empty: its first line must be"):
+        load_config(LOCAL, [f"db.password_file={secret}", "db.password_env=QS_TEST_PW"])
+    # Not read, so not refused, when the env variable holds the password.
+    monkeypatch.setenv("QS_TEST_PW", "from-env")
+    load_config(LOCAL, [f"db.password_file={secret}", "db.password_env=QS_TEST_PW"])
+
+
+def test_password_file_emptied_after_load_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("pw\n")
+    monkeypatch.delenv("QS_TEST_PW", raising=False)
+    cfg = load_config(LOCAL, [f"db.password_file={secret}", "db.password_env=QS_TEST_PW"])
+    secret.write_text("")  # it said "list index out of range"
+    with pytest.raises(ConfigError, match=rf"^db\.password_file: {secret} is empty"):
+        cfg.db.password()
+    secret.unlink()
+    with pytest.raises(ConfigError, match=rf"^db\.password_file: {secret} cannot be read: No such file"):
+        cfg.db.password()
+
+
+def test_password_source_names_where_not_what(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret\n")
+    cfg = load_config(LOCAL, [f"db.password_file={secret}", "db.password_env=QS_TEST_PW"])
+    monkeypatch.delenv("QS_TEST_PW", raising=False)
+    assert cfg.db.password_source() == f"db.password_file ({secret})"
+    monkeypatch.setenv("QS_TEST_PW", "s3cret")
+    assert cfg.db.password_source() == "$QS_TEST_PW"
+
+
+WINDOW_CASES = [
+    ("2026-11-01", "2026-11-01T00:00:00+00:00"),
+    ("2026-11-01 16:00:00", "2026-11-01T16:00:00+00:00"),
+    ("2026-11-01T16:00:00+08:00", "2026-11-01T08:00:00+00:00"),
+    ("2026-11-01T16:00:00-08:00", "2026-11-02T00:00:00+00:00"),
+    ("2026-11-01T16:00:00Z", "2026-11-01T16:00:00+00:00"),
+]
+
+
+@pytest.mark.parametrize(("given", "utc"), WINDOW_CASES)
+def test_window_bounds_are_aware_utc(given: str, utc: str, tmp_path: Path) -> None:
+    # Through --set and through a YAML file: YAML reads both forms as datetimes (or a date) of its own.
+    from_set = load_config(LOCAL, [f"source.created_from={given}"]).source.created_from
+    path = tmp_path / "window.yaml"
+    path.write_text(f"engine:\n  model: m\nsource:\n  created_until: {given}\n")
+    from_file = load_config(path).source.created_until
+    assert from_set is not None and from_file is not None
+    assert from_set.isoformat() == from_file.isoformat() == utc
+    assert from_set.tzinfo is UTC
+
+
+def test_window_bounds_do_not_depend_on_the_process_zone(tmp_path: Path) -> None:
+    # The driver of issue 9 ran in UTC+8 and lost 16:00-24:00 UTC every night.
+    code = (
+        "from qwenspark.config import load_config\n"
+        f"for given, _ in {WINDOW_CASES!r}:\n"
+        f"    print(load_config({str(LOCAL)!r}, [f'source.created_from={{given}}']).source.created_from.isoformat())\n"
+    )
+    seen = {}
+    for zone in ("Asia/Shanghai", "America/Los_Angeles", "UTC"):
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**os.environ, "TZ": zone}
+        )
+        seen[zone] = out.stdout.split()
+    assert seen["Asia/Shanghai"] == seen["America/Los_Angeles"] == seen["UTC"] == [utc for _, utc in WINDOW_CASES]
+
+
+def test_window_must_select_something() -> None:
+    with pytest.raises(ConfigError, match=r"source: created_from 2026-11-02T00:00:00\+00:00 is not before"):
+        load_config(LOCAL, ["source.created_from=2026-11-02", "source.created_until=2026-11-02T08:00:00+08:00"])
+
+
+def test_max_error_rate_is_a_share() -> None:
+    assert load_config(LOCAL).job.max_error_rate == 0.05
+    assert load_config(LOCAL, ["job.max_error_rate=0"]).job.max_error_rate == 0.0
+    for bad in ("-0.1", "1.5"):
+        with pytest.raises(ConfigError, match=r"job\.max_error_rate"):
+            load_config(LOCAL, [f"job.max_error_rate={bad}"])

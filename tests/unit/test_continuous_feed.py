@@ -11,6 +11,7 @@ from qwenspark.analyze import AnalyzeSpec, make_analyze_fn
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Message
+from qwenspark.errors import RequestError
 from tests.unit.test_analyze import _frame
 
 ANSWER = json.dumps({"sentiment": "neutral", "summary": "s", "aspects": []})
@@ -40,7 +41,7 @@ class FakeStreamingEngine:
     def submit(self, conversation: Sequence[Message]) -> str:
         review = conversation[-1]["content"]
         if "REFUSE" in review:
-            raise ValueError("too long")
+            raise RequestError("too long")  # the engines' per-request refusal
         rid = f"r{self._next}"
         self._next += 1
         self.live[rid] = len(review) % 5 + 1
