@@ -114,6 +114,16 @@ def _error_body(message: str) -> dict[str, Any]:
 # --- parse --------------------------------------------------------------------------------------------
 
 
+
+def _fatal(engine: OpenAIEngine, rows: int) -> str:
+    """The EngineError message of a generate() call over rows conversations that must fail; closes the engine."""
+    try:
+        with pytest.raises(EngineError) as info:
+            engine.generate([CONVERSATION] * rows)
+    finally:
+        engine.close()
+    return str(info.value)
+
 def test_parse_turns_engine_error_finish_reason_into_row_error() -> None:
     parsed = parse_completion("", "error: HTTP 400: prompt too long")
     assert parsed.record is None and parsed.error == "engine: HTTP 400: prompt too long"
@@ -186,13 +196,8 @@ def test_429_twice_then_ok_is_retried_and_honours_retry_after(stub: Stub) -> Non
 def test_503_past_max_retries_fails_the_call(stub: Stub, caplog: pytest.LogCaptureFixture) -> None:
     stub.script = lambda n, body: (503, {}, _error_body("engine died"))
     engine = _engine(stub.url, max_retries=2)
-    try:
-        with pytest.raises(EngineError) as info:
-            engine.generate([CONVERSATION])
-    finally:
-        engine.close()
+    message = _fatal(engine, 1)
     assert len(stub.requests) == 3  # the first try and 2 retries
-    message = str(info.value)
     assert message.startswith(f"openai engine: HTTP 503 from {stub.url}/chat/completions: engine died;")
     assert f"engine.base_url={stub.url}" in message and message.endswith("(gave up after 3 attempts)")
     retries = [r for r in caplog.records if r.name == "qwenspark.engines.openai"]
@@ -214,13 +219,8 @@ def test_connection_refused_fails_the_call_quickly() -> None:
     url = f"http://127.0.0.1:{_free_port()}/v1"  # a port nobody listens on
     engine = _engine(url, max_retries=2)
     started = time.perf_counter()
-    try:
-        with pytest.raises(EngineError) as info:
-            engine.generate([CONVERSATION] * 8)
-    finally:
-        engine.close()
+    message = _fatal(engine, 8)
     assert time.perf_counter() - started < 5
-    message = str(info.value)
     assert message.startswith(f"openai engine: cannot reach engine.base_url={url}: ConnectError")
     assert message.endswith("(gave up after 3 attempts)")
 
@@ -241,12 +241,7 @@ def test_401_fails_at_once_naming_api_key_env_never_the_key(stub: Stub, monkeypa
     # Servers do echo what they were sent; the key must still not reach the error.
     stub.script = lambda n, body: (401, {}, _error_body("Incorrect API key provided: sk-secret-987"))
     engine = _engine(stub.url, api_key_env="QS_TEST_OPENAI_KEY", max_retries=5, max_concurrency=4)
-    try:
-        with pytest.raises(EngineError) as info:
-            engine.generate([CONVERSATION] * 20)
-    finally:
-        engine.close()
-    message = str(info.value)
+    message = _fatal(engine, 20)
     assert "HTTP 401" in message and "engine.api_key_env=QS_TEST_OPENAI_KEY (set)" in message
     assert "sk-secret-987" not in message and "***" in message
     # Not retried, and the call's queued requests were never sent: at most one per connection went out.
@@ -256,12 +251,7 @@ def test_401_fails_at_once_naming_api_key_env_never_the_key(stub: Stub, monkeypa
 def test_404_fails_at_once_naming_model_and_base_url(stub: Stub) -> None:
     stub.script = lambda n, body: (404, {}, _error_body("The model `qwen-test` does not exist."))
     engine = _engine(stub.url, max_concurrency=1)
-    try:
-        with pytest.raises(EngineError) as info:
-            engine.generate([CONVERSATION] * 5)
-    finally:
-        engine.close()
-    message = str(info.value)
+    message = _fatal(engine, 5)
     assert "HTTP 404" in message and "does not exist" in message
     assert f"engine.model=qwen-test and engine.base_url={stub.url}" in message
     assert "gave up" not in message and len(stub.requests) == 1
