@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qwenspark.config import load_config  # noqa: E402
-from qwenspark.io import jdbc, mysql  # noqa: E402
+from qwenspark.io import jdbc, migrate, mysql  # noqa: E402
 from qwenspark.session import spark_session  # noqa: E402
 
 DB_DIR, DB_PORT = ROOT / ".run" / "bench-mariadb", 13398
@@ -42,7 +42,7 @@ def main() -> int:
         [f"db.port={DB_PORT}", f"db.password_file={DB_DIR / 'qwenspark.password'}", "engine.default_model=false",
          *([f"sink.commit_chunk_rows={args.chunk_rows}"] if args.chunk_rows else [])],
     )
-    mysql.ensure_schema(cfg.db)
+    migrate.migrate(cfg.db)
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         for table in ("hotel_reviews", "review_sentiment", "review_sentiment_stage", "hotel_sentiment_daily",
                       "aspect_sentiment"):

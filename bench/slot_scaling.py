@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qwenspark.config import QwenSparkConfig, load_config  # noqa: E402
-from qwenspark.io import mysql  # noqa: E402
+from qwenspark.io import migrate, mysql  # noqa: E402
 from tests.support.echo_engine import max_overlap, read_records  # noqa: E402
 from tests.support.standalone import SPARK_HOME, free_port, stop_group, tail  # noqa: E402
 from tests.support.standalone import standalone_cluster as start_standalone  # noqa: E402
@@ -257,7 +257,7 @@ def main() -> int:
         cfg = load_config(ROOT / "conf" / "local.yaml",
                           [f"db.port={db_port}", f"db.password_file={db['password_file']}",
                            "db.password_env=QWENSPARK_BENCH_NO_SUCH_VAR", "engine.default_model=false"])
-        mysql.ensure_schema(cfg.db)
+        migrate.migrate(cfg.db)
         clear_results(cfg)
         with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
             cur.execute("DELETE FROM hotel_reviews")

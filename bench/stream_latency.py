@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from qwenspark.config import QwenSparkConfig, load_config
-from qwenspark.io import mysql
+from qwenspark.io import migrate, mysql
 from qwenspark.pipeline import prepare_model
 from qwenspark.session import spark_session
 from qwenspark.stream import StreamReport, run_stream
@@ -83,7 +83,7 @@ def main() -> int:
 
     checkpoint = tempfile.mkdtemp(prefix="qwenspark-bench-stream-")
     cfg = load_config(args.config, args.overrides)
-    mysql.ensure_schema(cfg.db)
+    migrate.migrate(cfg.db)
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("SELECT COALESCE(MAX(review_id), 0) FROM hotel_reviews")
         next_id = int(cur.fetchone()[0]) + 1

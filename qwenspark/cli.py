@@ -179,17 +179,19 @@ def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
 
 
 def _init_db(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
-    from qwenspark.io.mysql import ensure_schema
+    from qwenspark.io import migrate
 
-    ensure_schema(cfg.db, force=True)
-    print(f"schema ready in {cfg.db.database} on {cfg.db.host}:{cfg.db.port}")
+    applied = migrate.migrate(cfg.db)
+    done = f"applied v{', v'.join(f'{v:03d}' for v in applied)}" if applied else "nothing to apply"
+    print(f"schema at version {migrate.LATEST} in {cfg.db.database} on {cfg.db.host}:{cfg.db.port} ({done})")
     return 0
 
 
 def _load_reviews(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
-    from qwenspark.io.mysql import ensure_schema, load_reviews_csv
+    from qwenspark.io.migrate import require_current
+    from qwenspark.io.mysql import load_reviews_csv
 
-    ensure_schema(cfg.db)
+    require_current(cfg.db)
     total, changed = load_reviews_csv(cfg.db, args.input)
     print(f"{total} reviews in {args.input}: {changed} rows inserted or changed in hotel_reviews")
     return 0

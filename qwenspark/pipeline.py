@@ -18,7 +18,7 @@ from qwenspark.clean import clean, skip_done
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import QwenSparkError, SinkError, one_line
 from qwenspark.faults import failpoint
-from qwenspark.io import delta, jdbc, mysql
+from qwenspark.io import delta, jdbc, migrate, mysql
 from qwenspark.io.mysql import Connection
 from qwenspark.resources import IN_PROCESS_KINDS
 from qwenspark.schemas import EXECUTOR_OUT_SCHEMA, from_executor, to_executor
@@ -150,7 +150,7 @@ def run_tracked(
     """
     started = time.perf_counter()
     summary = RunSummary(run_id=str(uuid.uuid4()))
-    mysql.ensure_schema(cfg.db)
+    migrate.require_current(cfg.db)  # runs use DML only: schema changes are init-db's
     with mysql.run_lease(cfg.db, summary.run_id) as lease:
         mysql.insert_run(
             cfg.db,

@@ -65,21 +65,17 @@ def _submitted_jars() -> list[str]:
 
 
 def check_database(cfg: QwenSparkConfig, *, reads_source: bool) -> None:
-    """Log in, create the tables if any is missing (as the job would), then test every privilege the job uses."""
+    """Log in, check the schema version (jobs never change the schema), then test every privilege the job uses."""
     password = cfg.db.password()  # ConfigError for a missing or empty password file, before any connection
     # Imported here: the checks before this one answer without loading the database client (about 1 s).
     import mysql.connector
 
+    from qwenspark.io import migrate
     from qwenspark.io import mysql as db_sql
 
     try:
         with db_sql.connect(cfg.db, autocommit=True, password=password) as conn:
-            visible = _visible_tables(conn)
-            missing = [name for name in schema_objects() if name not in visible]
-            if missing:
-                # The job's first step would create them anyway; here a missing CREATE grant stops it before Spark.
-                log.info("tables or views missing (%s): creating them", ", ".join(missing))
-                db_sql.ensure_schema(cfg.db)
+            migrate.check_version(migrate.applied_versions(conn), cfg.db)
             denied = missing_privileges(conn, cfg, reads_source=reads_source)
             account = _current_user(conn)
     except mysql.connector.Error as exc:

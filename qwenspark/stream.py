@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from qwenspark.config import QwenSparkConfig
 from qwenspark.engines.cache import PROBE_SCHEMA, probe_workers
 from qwenspark.faults import failpoint
-from qwenspark.io import mysql
+from qwenspark.io import migrate, mysql
 from qwenspark.io.mysql import Connection
 from qwenspark.io.stream_source import CORRUPT, read_stream, reject_json
 from qwenspark.pipeline import RunSummary, Selection, run_tracked
@@ -245,7 +245,7 @@ def run_stream(
     """
     check_spark_conf(spark, cfg)
     st = cfg.stream
-    mysql.ensure_schema(cfg.db)
+    migrate.require_current(cfg.db)  # runs use DML only: schema changes are init-db's
     report = StreamReport()
     report.runs_abandoned = mysql.abandon_runs(cfg.db, job_name(cfg))
     if report.runs_abandoned:

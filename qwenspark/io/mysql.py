@@ -1,4 +1,4 @@
-"""Transactional SQL beside Spark: schema creation, the commit of a run's staged rows, job_runs bookkeeping."""
+"""Transactional SQL beside Spark: the commit of a run's staged rows, job_runs bookkeeping (schema: io.migrate)."""
 
 from __future__ import annotations
 
@@ -73,38 +73,6 @@ def run_script(conn: Connection, script: str, params: Mapping[str, Any] | None =
             cur.execute(stmt, dict(params) if params and "%(" in stmt else None)
             counts.append(cur.rowcount)
     return counts
-
-
-_OBJECT = re.compile(r"^CREATE (?:TABLE IF NOT EXISTS|OR REPLACE VIEW) (\w+)", re.M)
-
-
-def schema_objects() -> list[str]:
-    """The tables and views sql/schema.sql and sql/views.sql create."""
-    return _OBJECT.findall(sql_text("schema.sql") + "\n" + sql_text("views.sql"))
-
-
-def missing_objects(conn: Connection) -> list[str]:
-    """The tables and views of schema_objects() that the database lacks."""
-    with conn.cursor() as cur:
-        cur.execute("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")
-        have = {str(r[0]).lower() for r in cur.fetchall()}
-    return [name for name in schema_objects() if name.lower() not in have]
-
-
-def ensure_schema(db: DbConfig, *, force: bool = False) -> None:
-    """Create the tables and dashboard views if missing, and migrate an older staging table (idempotent).
-
-    When every table and view exists (and the staging table has the current layout) nothing runs: a job's user
-    needs no CREATE, CREATE VIEW or DROP grant after the first run (or `qwenspark init-db`, which forces it).
-    """
-    with connect(db, autocommit=True) as conn:
-        if not force and not missing_objects(conn):
-            with conn.cursor() as cur:
-                if _stage_is_current(cur):
-                    return
-        run_script(conn, sql_text("schema.sql"))
-        migrate_stage(conn)
-        run_script(conn, sql_text("views.sql"))
 
 
 STAGE = "review_sentiment_stage"

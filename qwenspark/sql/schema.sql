@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS review_sentiment (
 -- from UUID_SHORT(), which increases with every call on a server (an AUTO_INCREMENT column would need a second
 -- index, and every staged row is written and deleted once: one index keeps both cheap). Clustered on
 -- (run_id, review_id): a chunk of a run is one range of the primary key, read and deleted in key order.
--- The older layout (PRIMARY KEY (run_id, review_id), no stage_seq) is migrated by mysql.ensure_schema.
+-- The older layout (PRIMARY KEY (run_id, review_id), no stage_seq) is migrated by mysql.migrate_stage (schema v001).
 CREATE TABLE IF NOT EXISTS review_sentiment_stage (
   run_id            CHAR(36)     NOT NULL,
   review_id         BIGINT       NOT NULL,

@@ -46,15 +46,16 @@ WHERE s.run_id = %(run_id)s AND s.review_id BETWEEN %(lo)s AND %(hi)s
 
 -- @deltas
 -- 2. Contributions to the aggregates, per (hotel, day) and per (hotel, day, aspect) from the aspects JSON of
---    analysed reviews (error IS NULL): + the new versions here, - the old versions in @old.
+--    analysed reviews (error IS NULL): + the new versions here, - the old versions in @old. hotel_id is held as
+--    bytes: ids compare exactly (schema v002), on MySQL and MariaDB alike, whatever the session's collation.
 DROP TEMPORARY TABLE IF EXISTS tmp_daily_delta;
 CREATE TEMPORARY TABLE tmp_daily_delta (
-  hotel_id VARCHAR(64) NOT NULL, day DATE NOT NULL, reviews INT NOT NULL, analysed INT NOT NULL,
+  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, reviews INT NOT NULL, analysed INT NOT NULL,
   positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, mixed INT NOT NULL, errors INT NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 DROP TEMPORARY TABLE IF EXISTS tmp_aspect_delta;
 CREATE TEMPORARY TABLE tmp_aspect_delta (
-  hotel_id VARCHAR(64) NOT NULL, day DATE NOT NULL, aspect VARCHAR(32) NOT NULL, mentions INT NOT NULL,
+  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, aspect VARCHAR(32) NOT NULL, mentions INT NOT NULL,
   positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, KEY (hotel_id, day, aspect)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 INSERT INTO tmp_daily_delta (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors)

@@ -15,7 +15,7 @@ import pytest
 from qwenspark import preflight
 from qwenspark.cli import EXIT_CONFIG, EXIT_RUNTIME
 from qwenspark.config import QwenSparkConfig, load_config
-from qwenspark.io import mysql
+from qwenspark.io import migrate
 from tests.reliability.dbserver import DbServer, free_port
 from tests.spark.conftest import load_reviews, reset_tables
 
@@ -122,7 +122,7 @@ def test_database_the_user_may_not_use(mariadb: dict[str, object]) -> None:
 
 @pytest.mark.usefixtures("accounts")
 def test_select_only_user_is_told_the_missing_grants(mariadb: dict[str, object]) -> None:
-    mysql.ensure_schema(cfg(mariadb).db)  # the tables exist: only the DML grants are missing
+    migrate.migrate(cfg(mariadb).db)  # the tables exist: only the DML grants are missing
     out = run_batch(db_sets(mariadb, f"db.user={RO_USER}", "db.password_env=QS_T9_PW"), env={"QS_T9_PW": PASSWORD})
     line = error_line(out, EXIT_CONFIG)
     assert line.startswith(f"qwenspark: error: user '{RO_USER}' (db.user) lacks privileges the job needs: INSERT on ")
@@ -135,11 +135,12 @@ def test_select_only_user_is_told_the_missing_grants(mariadb: dict[str, object])
 
 
 @pytest.mark.usefixtures("accounts")
-def test_missing_tables_need_create(mariadb: dict[str, object]) -> None:
+def test_missing_tables_need_init_db(mariadb: dict[str, object]) -> None:
     sets = db_sets(mariadb, f"db.user={BARE_USER}", f"db.database={BARE_DB}", "db.password_env=QS_T9_PW")
     line = error_line(run_batch(sets, env={"QS_T9_PW": PASSWORD}), EXIT_CONFIG)
-    assert f"user '{BARE_USER}' (db.user) lacks a privilege the job needs: CREATE command denied" in line
-    assert f"grant it on database '{BARE_DB}' (db.database)" in line
+    assert f"database {BARE_DB} on 127.0.0.1:" in line
+    assert "has no qwenspark schema; this release needs version" in line
+    assert "run `qwenspark init-db --config ...`" in line
 
 
 @pytest.mark.usefixtures("accounts")
@@ -147,7 +148,7 @@ def test_the_jobs_grants_pass_through_a_role(mariadb: dict[str, object], monkeyp
     # The server decides (EXPLAIN), so grants held through a role count; information_schema would not show them.
     monkeypatch.setenv("QS_T9_PW", PASSWORD)
     owner = cfg(mariadb)
-    mysql.ensure_schema(owner.db)
+    migrate.migrate(owner.db)
     preflight.check(owner, "batch")
     preflight.check(cfg(mariadb, f"db.user={ROLE_USER}", "db.password_env=QS_T9_PW"), "batch")
     preflight.check(cfg(mariadb, f"db.user={ROLE_USER}", "db.password_env=QS_T9_PW"), "stream")

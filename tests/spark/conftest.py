@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from qwenspark.config import QwenSparkConfig, load_config
-from qwenspark.io import mysql
+from qwenspark.io import migrate, mysql
 from tests.support.echo_engine import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def tiny_cfg(mariadb: dict[str, object], tiny_model: Path) -> QwenSparkConfig:
 
 def reset_tables(cfg: QwenSparkConfig) -> None:
     """Empty every qwenspark table (schema created if missing)."""
-    mysql.ensure_schema(cfg.db)
+    migrate.migrate(cfg.db)
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         for table in ("hotel_reviews", "review_sentiment", "review_sentiment_stage", "job_runs",
                       "hotel_sentiment_daily", "aspect_sentiment", "stream_commits", "stream_rejects"):

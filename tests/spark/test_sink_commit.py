@@ -25,7 +25,7 @@ import pytest
 
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import SinkError
-from qwenspark.io import mysql
+from qwenspark.io import migrate, mysql
 from qwenspark.pipeline import RunSummary, _commit, _mark_failed
 from qwenspark.schemas import ASPECT_SENTIMENTS, ASPECTS, SENTIMENTS, STAGE_SCHEMA
 from tests.spark.conftest import RESULT_TABLES, query, reset_tables, snapshot
@@ -547,8 +547,8 @@ def _stage_layout(cfg: QwenSparkConfig) -> tuple[list[str], list[str]]:
 
 @pytest.mark.parametrize("staged_before", [0, 12])
 def test_old_stage_layout_is_migrated(tiny_cfg: QwenSparkConfig, staged_before: int) -> None:
-    """ensure_schema (every run) upgrades a stage table with the old primary key: recreated when empty, altered
-    (rows kept) when it holds rows; then a review staged twice is accepted and commits once."""
+    """init-db on a database of an unversioned release (schema v001) upgrades a stage table with the old primary
+    key: recreated when empty, altered (rows kept) when it holds rows; then a review staged twice commits once."""
     reset_tables(tiny_cfg)
     rng = random.Random(staged_before)
     run_id = str(uuid.uuid4())
@@ -556,16 +556,17 @@ def test_old_stage_layout_is_migrated(tiny_cfg: QwenSparkConfig, staged_before: 
     with mysql.connect(tiny_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("DROP TABLE review_sentiment_stage")
         cur.execute(OLD_STAGE_DDL)
+        cur.execute(f"DROP TABLE {migrate.SCHEMA_TABLE}")  # as released before schema versions
     if staged_before:
         _stage(tiny_cfg, run_id, rows)
     assert _stage_layout(tiny_cfg)[1] == ["run_id", "review_id"]
 
-    mysql.ensure_schema(tiny_cfg.db)
+    migrate.migrate(tiny_cfg.db)
     cols, pk = _stage_layout(tiny_cfg)
     assert cols == [*STAGE_COLUMNS, "stage_seq"]
     assert pk == ["run_id", "review_id", "stage_seq"]
     assert _staged(tiny_cfg, run_id) == staged_before
-    mysql.ensure_schema(tiny_cfg.db)  # idempotent
+    migrate.migrate(tiny_cfg.db)  # idempotent
     assert _stage_layout(tiny_cfg) == (cols, pk)
 
     _start_run(tiny_cfg, run_id)

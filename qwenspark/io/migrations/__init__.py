@@ -1,0 +1,1 @@
+"""Schema migrations, one module per version (qwenspark.io.migrate applies them)."""

@@ -1,0 +1,23 @@
+-- hotel_sentiment_daily and aspect_sentiment recomputed from review_sentiment (a migration that changes how keys
+-- compare runs it; commit_chunk keeps them in step incrementally, to the same figures, afterwards).
+DELETE FROM hotel_sentiment_daily;
+INSERT INTO hotel_sentiment_daily (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors,
+  share_positive, share_negative, share_neutral, share_mixed)
+SELECT hotel_id, DATE(review_created_at), COUNT(*), SUM(error IS NULL), SUM(sentiment <=> 'positive'),
+  SUM(sentiment <=> 'negative'), SUM(sentiment <=> 'neutral'), SUM(sentiment <=> 'mixed'), SUM(error IS NOT NULL),
+  SUM(sentiment <=> 'positive') / NULLIF(SUM(error IS NULL), 0), SUM(sentiment <=> 'negative') / NULLIF(SUM(error IS NULL), 0),
+  SUM(sentiment <=> 'neutral') / NULLIF(SUM(error IS NULL), 0), SUM(sentiment <=> 'mixed') / NULLIF(SUM(error IS NULL), 0)
+FROM review_sentiment
+WHERE hotel_id IS NOT NULL AND review_created_at IS NOT NULL
+GROUP BY hotel_id, DATE(review_created_at);
+DELETE FROM aspect_sentiment;
+INSERT INTO aspect_sentiment (hotel_id, day, aspect, mentions, positive, negative, neutral, share_positive,
+  share_negative)
+SELECT r.hotel_id, DATE(r.review_created_at), jt.aspect, COUNT(*), SUM(jt.sentiment <=> 'positive'),
+  SUM(jt.sentiment <=> 'negative'), SUM(jt.sentiment <=> 'neutral'),
+  COALESCE(SUM(jt.sentiment <=> 'positive') / COUNT(*), 0), COALESCE(SUM(jt.sentiment <=> 'negative') / COUNT(*), 0)
+FROM review_sentiment r
+JOIN JSON_TABLE(r.aspects, '$[*]' COLUMNS (aspect VARCHAR(32) PATH '$.aspect',
+  sentiment VARCHAR(16) PATH '$.sentiment')) jt
+WHERE r.error IS NULL AND jt.aspect IS NOT NULL AND r.hotel_id IS NOT NULL AND r.review_created_at IS NOT NULL
+GROUP BY r.hotel_id, DATE(r.review_created_at), jt.aspect;
