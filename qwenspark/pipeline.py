@@ -249,7 +249,7 @@ class ErrorRateExceeded(QwenSparkError):
 ERROR_RATE_FLOOR = 3
 
 
-def check_error_rate(cfg: QwenSparkConfig, summary: RunSummary, staged: mysql.StageSummary, run_id: str) -> None:
+def check_error_rate(cfg: QwenSparkConfig, staged: mysql.StageSummary, run_id: str) -> None:
     """Fail the run (nothing committed) when the share of model-side errors exceeds job.max_error_rate."""
     limit = cfg.job.max_error_rate
     asked = staged.reviews - staged.input_errors
@@ -286,7 +286,7 @@ def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float, on_commit
                     " dropped, the latest copy of each review is kept", summary.run_id, staged.duplicates)
     summary.rows_ok, summary.rows_error, summary.rows_truncated = staged.ok, staged.errors, staged.truncated
     summary.tokens_in, summary.tokens_out = staged.tokens_in, staged.tokens_out
-    check_error_rate(cfg, summary, staged, summary.run_id)
+    check_error_rate(cfg, staged, summary.run_id)
 
     committed = [0]  # rows changed by the chunks committed so far: what job_runs keeps if a later one fails
 
