@@ -107,7 +107,9 @@ def _engine_for_task(
     spec: AnalyzeSpec, metrics: Metrics | None, engine_factory: EngineFactory | None
 ) -> tuple[Engine, str]:
     """The worker's cached engine for this task's GPUs (loaded if needed); returns it and "pid:gpus"."""
-    engine_cfg, devices = pin_task_gpus(spec.engine)
+    # The guided answer's field order is the prompt template's (its few-shot answers are written in it).
+    ordered = spec.engine.model_copy(update={"answer_order": get_template(spec.prompt_version).answer_order})
+    engine_cfg, devices = pin_task_gpus(ordered)
     cores: list[int] = []
     if spec.cores:
         engine_cfg, cores = pin_threads(engine_cfg, spec.cores)

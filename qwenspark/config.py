@@ -214,6 +214,11 @@ class EngineConfig(_Section):
         ),
     )
     guided: bool = Field(True, description="Constrain output to the JSON schema (xgrammar).")
+    answer_order: Literal["verdict_first", "verdict_last"] = Field(
+        "verdict_first",
+        description="Field order of the guided JSON answer. The job sets it from prompt.version's template (the "
+        "template's few-shot answers use that order); leave it unset.",
+    )
     continuous: bool = Field(
         True, description="Feed the engine continuously across batches (vLLM); false: one generate per batch."
     )
