@@ -131,6 +131,7 @@ def run_batch(spark: SparkSession, cfg: QwenSparkConfig, job: str = "batch") -> 
         lo, hi, rows = jdbc.id_bounds(cfg)
         return Selection(jdbc.read_reviews(spark, cfg, lo, hi) if rows else None, lo, hi, rows)
 
+    mysql.apply_retention(cfg.db, cfg.job.retention_days)  # old job_runs / stream_commits rows, DML only
     return run_tracked(spark, cfg, job, select)
 
 
