@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from qwenspark.config import EngineConfig
+from qwenspark.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +18,9 @@ log = logging.getLogger(__name__)
 # tokenizer files, chat template, weights, unknown files) is hashed: an unknown file re-analyses, never goes stale.
 _DOC_PREFIXES = ("readme", "license", "licence", "notice", "use_policy")
 _CHUNK = 8 << 20
-_warned: set[str] = set()  # once per process: the stream keys every micro-batch
+# Once per process (and per change): the stream keys every micro-batch.
+_warned: set[str] = set()
+_logged: dict[str, str] = {}
 
 
 def cache_root() -> Path:
@@ -29,10 +32,13 @@ def cache_root() -> Path:
 def model_identity(engine: EngineConfig) -> str:
     """A short string that changes when the model's outputs may: the asserted revision, else the content
     fingerprint of a local folder (and of a separate tokenizer folder), else the hub or server model name."""
-    model = _identity_of(engine.model, engine.model_revision)
+    ident = _identity_of(engine.model, engine.model_revision)
     if engine.tokenizer and engine.tokenizer != engine.model:
-        model = f"{model}+tokenizer:{_identity_of(engine.tokenizer, None)}"
-    return model
+        ident = f"{ident}+tokenizer:{_identity_of(engine.tokenizer, None)}"
+    if _logged.get(engine.model) != ident:
+        _logged[engine.model] = ident
+        log.info("model %s: results keyed by its identity %s", engine.model, ident)
+    return ident
 
 
 def _identity_of(name: str, revision: str | None) -> str:
@@ -73,7 +79,7 @@ def fingerprint(folder: Path) -> str:
         fresh[rel] = [*stamp, digest]
         total.update(f"{rel}\u0000{digest}\n".encode())
     if not fresh:
-        raise ValueError(f"model folder {folder} holds no model files")
+        raise ConfigError(f"engine.model: the folder {folder} holds no model files")
     if fresh != cached:
         _write_cache(cache_file, fresh)
     return total.hexdigest()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from qwenspark.config import EngineConfig
+from qwenspark.errors import ConfigError
 from qwenspark.models import identity
 from qwenspark.models.identity import fingerprint, model_identity
 
@@ -108,3 +109,9 @@ def test_a_revision_when_asserted_and_the_name_for_a_hub_id(tmp_path: Path) -> N
 def test_the_tiny_test_model_has_an_identity(tiny_model: Path) -> None:
     ident = model_identity(_engine(tiny_model))
     assert ident.startswith("sha256:") and ident == model_identity(_engine(tiny_model))
+
+
+def test_an_empty_model_folder_is_a_configuration_error(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no model files"):
+        model_identity(_engine(tmp_path / "empty"))
