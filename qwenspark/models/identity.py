@@ -21,6 +21,7 @@ _CHUNK = 8 << 20
 # Once per process (and per change): the stream keys every micro-batch.
 _warned: set[str] = set()
 _logged: dict[str, str] = {}
+_memo: dict[str, dict[str, object]] = {}  # folder -> its last digests, in case the disk cache cannot be written
 
 
 def cache_root() -> Path:
@@ -68,7 +69,8 @@ def fingerprint(folder: Path) -> str:
     """
     folder = folder.resolve()
     cache_file = cache_root() / f"{hashlib.sha256(str(folder).encode()).hexdigest()[:24]}.json"
-    cached = _read_cache(cache_file)
+    # The file on disk, else this process's own last pass (an unwritable cache must not re-hash every micro-batch).
+    cached = _read_cache(cache_file) or _memo.get(str(folder), {})
     fresh: dict[str, list[object]] = {}
     total = hashlib.sha256()
     for rel, path in _model_files(folder):
@@ -80,6 +82,7 @@ def fingerprint(folder: Path) -> str:
         total.update(f"{rel}\u0000{digest}\n".encode())
     if not fresh:
         raise ConfigError(f"engine.model: the folder {folder} holds no model files")
+    _memo[str(folder)] = dict(fresh)
     if fresh != cached:
         _write_cache(cache_file, fresh)
     return total.hexdigest()

@@ -115,3 +115,18 @@ def test_an_empty_model_folder_is_a_configuration_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no model files"):
         model_identity(_engine(tmp_path / "empty"))
+
+
+def test_an_unwritable_cache_still_hashes_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would go")
+    monkeypatch.setenv("QWENSPARK_CACHE", str(blocked))
+    folder = _model(tmp_path / "m")
+    reads: list[str] = []
+    real = identity._file_sha256
+    monkeypatch.setattr(identity, "_file_sha256", lambda path: reads.append(path.name) or real(path))
+    first = fingerprint(folder)
+    assert len(reads) == 3
+    assert fingerprint(folder) == first and len(reads) == 3, "the stream keys every micro-batch: no re-hash"
