@@ -131,6 +131,7 @@ def run_batch(spark: SparkSession, cfg: QwenSparkConfig, job: str = "batch") -> 
         lo, hi, rows = jdbc.id_bounds(cfg)
         return Selection(jdbc.read_reviews(spark, cfg, lo, hi) if rows else None, lo, hi, rows)
 
+    mysql.apply_retention(cfg.db, cfg.job.retention_days)  # old job_runs / stream_commits rows, DML only
     return run_tracked(spark, cfg, job, select)
 
 
@@ -208,6 +209,7 @@ def _run(
         "%d reviews selected, %d already current, %d to analyse",
         summary.rows_selected, summary.rows_skipped, summary.rows_analysed,
     )
+    metrics: Metrics | None = None
     try:
         if todo is not None and summary.rows_analysed:
             metrics = new_metrics(spark)
@@ -235,6 +237,8 @@ def _run(
             # After the commit, from what MySQL holds; a Delta failure never fails a committed run.
             delta.copy_after_commit(cfg, summary.run_id)
     finally:
+        if metrics is not None:
+            metrics.release()  # a stream runs one of these per micro-batch, for weeks
         for frame in (read, todo):
             if frame is not None:
                 frame.unpersist()
