@@ -95,7 +95,7 @@ def test_booleans_still_set_boolean_fields() -> None:
 
 
 def test_unknown_prompt_version_fails_at_load() -> None:
-    with pytest.raises(ConfigError, match=r"prompt\.version: unknown 'v7'; known: v1, v2"):
+    with pytest.raises(ConfigError, match=r"prompt\.version: unknown 'v7'; known: v1, v2, v3"):
         load_config(LOCAL, ["prompt.version=v7"])
 
 
