@@ -40,7 +40,10 @@ class RunSummary:
     rows_ok: int = 0
     rows_error: int = 0
     rows_truncated: int = 0
-    rows_changed: int = 0
+    rows_changed: int = 0  # review_sentiment rows this run wrote
+    rows_stale: int = 0  # reviews it analysed but did not write: a run that read newer input had stored them
+    input_seq: int | None = None  # taken before the run read its input (the staleness guard of the commit)
+    commit_seq: int | None = None  # taken inside its last commit transaction (commit order, the Delta version)
     tokens_in: int = 0
     tokens_out: int = 0
     engine_loads: int = 0
@@ -141,8 +144,13 @@ def run_tracked(
     job: str,
     select: Callable[[], Selection],
     on_commit: CommitHook | None = None,
+    *,
+    input_seq: int | None = None,
 ) -> RunSummary:
     """A job_runs-tracked run over select()'s rows; raises after marking the run failed if anything goes wrong.
+
+    input_seq: the version of the run's input (mysql.INPUT_SEQ), taken before anything of it was read; taken here,
+    before select(), when None. A caller that reads its input before calling (the stream) takes it itself.
 
     The driver holds the run's lease (a named lock, mysql.run_lease) from before the run is recorded until it
     ends, and first marks failed the runs whose drivers died without committing (their leases are free),
@@ -152,6 +160,7 @@ def run_tracked(
     started = time.perf_counter()
     summary = RunSummary(run_id=str(uuid.uuid4()))
     migrate.require_current(cfg.db)  # runs use DML only: schema changes are init-db's
+    summary.input_seq = input_seq if input_seq is not None else mysql.take_seq(cfg.db, mysql.INPUT_SEQ)
     with mysql.run_lease(cfg.db, summary.run_id) as lease:
         mysql.insert_run(
             cfg.db,
@@ -163,6 +172,7 @@ def run_tracked(
                 "model": cfg.engine.model,
                 "prompt_version": cfg.prompt.version,
                 "started_at": _now(),
+                "input_seq": summary.input_seq,
             },
         )
         abandoned = mysql.abandon_runs(cfg.db)
@@ -292,15 +302,17 @@ def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float, on_commit
     summary.tokens_in, summary.tokens_out = staged.tokens_in, staged.tokens_out
     check_error_rate(cfg, staged, summary.run_id)
 
-    committed = [0]  # rows changed by the chunks committed so far: what job_runs keeps if a later one fails
+    committed = [mysql.Counts(0)]  # what the chunks committed so far wrote: job_runs keeps it if a later one fails
 
-    def progress(rows_changed: int) -> None:
-        committed[0] = rows_changed
+    def progress(counts: mysql.Counts) -> None:
+        committed[0] = counts
 
-    def finish(tx: Connection, rows_changed: int) -> None:
-        summary.rows_changed = rows_changed
+    def finish(tx: Connection, counts: mysql.Counts) -> None:
+        # Inside the last commit transaction, which is run again after a deadlock: everything here is repeatable.
+        summary.rows_changed, summary.rows_stale = counts
         summary.status = "succeeded"
         summary.seconds_total = time.perf_counter() - started
+        summary.commit_seq = mysql.next_seq(tx, mysql.COMMIT_SEQ)  # held locked until COMMIT: commit order
         mysql.update_run(tx, summary.run_id, {**summary.job_runs_fields(), "finished_at": _now()}, while_running=True)
         if on_commit is not None:
             on_commit(tx, summary)
@@ -310,20 +322,24 @@ def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float, on_commit
             cfg.db,
             summary.run_id,
             chunk_rows=cfg.sink.commit_chunk_rows,
+            input_seq=summary.input_seq,
             dedupe=staged.duplicates > 0,
             finish=finish,
             progress=progress,
         )
     except BaseException:
-        summary.rows_changed = committed[0]
+        summary.commit_seq = None  # taken in a transaction that was rolled back
+        summary.rows_changed, summary.rows_stale = committed[0]
         raise
     log.info(
-        "run %s committed: %d analysed (%d ok, %d errors), %d rows changed, %d duplicate staged rows dropped",
+        "run %s committed: %d analysed (%d ok, %d errors), %d rows changed, %d stale (a run that read newer input"
+        " had stored them), %d duplicate staged rows dropped",
         summary.run_id,
         summary.rows_analysed,
         summary.rows_ok,
         summary.rows_error,
         summary.rows_changed,
+        summary.rows_stale,
         staged.duplicates,
     )
 

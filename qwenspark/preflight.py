@@ -98,9 +98,11 @@ def schema_objects() -> list[str]:
 
 
 def result_tables() -> list[str]:
-    """The tables the jobs write: every table of sql/schema.sql but the demo source table."""
+    """The tables the jobs write: every table of sql/schema.sql but the demo source table, and the sequences."""
+    from qwenspark.io.migrations.v003_result_versions import SEQUENCE_TABLE
+
     tables = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _sql_text("schema.sql"))
-    return [t for t in tables if t != "hotel_reviews"]
+    return [*(t for t in tables if t != "hotel_reviews"), SEQUENCE_TABLE]
 
 
 def _visible_tables(conn: Connection) -> set[str]:

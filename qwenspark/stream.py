@@ -108,6 +108,9 @@ class BatchSink:
 
     def _run(self, df: DataFrame, batch_id: int) -> None:
         cfg = self.cfg
+        # The version of this batch's input, taken before Spark reads it (below): a run that read a review later
+        # holds a higher one, and the commit never lets this batch overwrite that run's result (upsert.sql).
+        input_seq = mysql.take_seq(cfg.db, mysql.INPUT_SEQ)
         extra = [F.col(CORRUPT)] if CORRUPT in df.columns else []
         # try_cast: under ANSI mode (Spark 4's default) a value of a given source that does not fit raises and
         # would stop the stream for good; as NULL it is handled per row (a NULL review_id is a reject).
@@ -138,7 +141,8 @@ class BatchSink:
                     rejects,
                 )
 
-            summary = run_tracked(df.sparkSession, cfg, job_name(cfg), lambda: sel, on_commit=record)
+            summary = run_tracked(df.sparkSession, cfg, job_name(cfg), lambda: sel, on_commit=record,
+                                  input_seq=input_seq)
         finally:
             keyed.unpersist()
         failpoint("stream.after_commit", batch_id)
@@ -150,8 +154,9 @@ class BatchSink:
         for pid, loads in summary.loads_per_worker.items():
             rep.loads_per_worker[pid] = rep.loads_per_worker.get(pid, 0) + loads
         log.info(
-            "batch %d committed: %d rows in (%d analysed, %d rejected), %d changed, engine loads %d, %.1f s",
-            batch_id, rows + len(rejects), summary.rows_analysed, len(rejects), summary.rows_changed,
+            "batch %d committed: %d rows in (%d analysed, %d rejected), %d changed, %d stale, engine loads %d,"
+            " %.1f s", batch_id, rows + len(rejects), summary.rows_analysed, len(rejects), summary.rows_changed,
+            summary.rows_stale,
             summary.engine_loads, summary.seconds_total,
         )
 

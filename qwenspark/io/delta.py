@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # run_id (added by the pipeline) and the partition column come after RESULT_SCHEMA's columns.
 DELTA_COLUMNS: tuple[str, ...] = (*RESULT_SCHEMA.fieldNames(), "run_id", "day")
@@ -153,21 +152,19 @@ def read_delta_as_spark(spark: SparkSession, path: str) -> DataFrame:
     return spark.read.option("basePath", path).parquet(*files)
 
 
-def run_version(finished_at: datetime) -> int:
-    """A committed run's app-transaction version: its job_runs.finished_at in epoch milliseconds.
+def run_version(cfg: QwenSparkConfig, run_id: str) -> int | None:
+    """A committed run's app-transaction version: its job_runs.commit_seq (None: the run has not committed).
 
-    Why this and not a counter: finished_at is stored in job_runs with the run's commit, so replaying a run
-    reads back the same version; it grows with commit order (runs are serialised per table); it needs no
-    new column or sequence in SQL; and unlike COUNT(*) over job_runs it survives pruning of old job_runs rows.
-    The cost: a driver clock that steps backwards between two runs gives the later run a lower version, which
-    would then look like a replay; copy_after_commit warns when the run it just committed is skipped.
+    commit_seq comes from a sequence taken inside the run's last MySQL commit transaction, whose row stays locked
+    until that COMMIT (mysql.next_seq): versions grow in commit order whichever driver, clock or app_id committed,
+    and a version is visible only once every lower one is committed (or rolled back, leaving a gap). Runs
+    committed before schema v003 keep the version they had (their finished_at in epoch ms), and the sequence
+    started above those (migration v003).
     """
-    # Integer arithmetic: float seconds * 1000 can land one millisecond low.
-    return (finished_at.replace(tzinfo=UTC) - _EPOCH) // timedelta(milliseconds=1)
-
-
-def _version_time(version: int) -> datetime:
-    return (_EPOCH + timedelta(milliseconds=version)).replace(tzinfo=None)
+    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT commit_seq FROM job_runs WHERE run_id = %s AND status = 'succeeded'", (run_id,))
+        row = cur.fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def run_rows(cfg: QwenSparkConfig, run_id: str) -> pa.Table:
@@ -183,19 +180,19 @@ def run_rows(cfg: QwenSparkConfig, run_id: str) -> pa.Table:
     return pa.Table.from_pydict(data)
 
 
-def _committed_runs(cfg: QwenSparkConfig, after: int | None) -> list[tuple[str, datetime]]:
-    """(run_id, finished_at) of succeeded runs that analysed rows, committed after version `after`, oldest first."""
+def _committed_runs(cfg: QwenSparkConfig, after: int | None) -> list[tuple[str, int]]:
+    """(run_id, version) of succeeded runs that analysed rows, committed after version `after`, in commit order."""
     sql = (
-        "SELECT run_id, finished_at FROM job_runs WHERE status = 'succeeded' AND rows_analysed > 0"
-        " AND finished_at IS NOT NULL"
+        "SELECT run_id, commit_seq FROM job_runs WHERE status = 'succeeded' AND rows_analysed > 0"
+        " AND commit_seq IS NOT NULL"
     )
     params: tuple[Any, ...] = ()
     if after is not None:
-        sql += " AND finished_at > %s"
-        params = (_version_time(after),)
+        sql += " AND commit_seq > %s"
+        params = (after,)
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute(sql + " ORDER BY finished_at, run_id", params)
-        return [(str(r[0]), r[1]) for r in cur.fetchall()]
+        cur.execute(sql + " ORDER BY commit_seq, run_id", params)
+        return [(str(r[0]), int(r[1])) for r in cur.fetchall()]
 
 
 def _watermark(cfg: QwenSparkConfig) -> int | None:
@@ -221,13 +218,33 @@ def backfill_delta(cfg: QwenSparkConfig) -> int:
     """
     watermark = _watermark(cfg)
     written = 0
-    for run_id, finished_at in _committed_runs(cfg, watermark):
+    for run_id, version in _committed_runs(cfg, watermark):
         # A run's rows that a later run has since re-analysed are no longer in review_sentiment under its
         # run_id: a late copy holds only what the run still owns (the later run's copy holds the rest).
         rows = run_rows(cfg, run_id)
-        if rows.num_rows and write_delta(rows, cfg.delta, app_id=cfg.delta.app_id, version=run_version(finished_at)):
+        if rows.num_rows and write_delta(rows, cfg.delta, app_id=cfg.delta.app_id, version=version):
             written += 1
     return written
+
+
+COPY_LOCK = "qwenspark.delta."  # + the table's path (hashed): one copy appends to a Delta table at a time
+COPY_LOCK_TIMEOUT_S = 600
+
+
+@contextmanager
+def _copy_lock(cfg: QwenSparkConfig) -> Iterator[None]:
+    """Serialise the copies of the drivers that share a Delta table (a batch and a stream committing together
+    would otherwise both find a run above the watermark and append it twice, or fail on the app transaction)."""
+    name = COPY_LOCK + hashlib.sha256(cfg.delta.path.encode()).hexdigest()[:40]
+    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, %s)", (name, COPY_LOCK_TIMEOUT_S))
+        if cur.fetchone()[0] != 1:
+            raise TimeoutError(f"another Delta copy held {cfg.delta.path} for {COPY_LOCK_TIMEOUT_S} s")
+        try:
+            yield
+        finally:
+            cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
+            cur.fetchall()
 
 
 def copy_after_commit(cfg: QwenSparkConfig, run_id: str) -> bool:
@@ -237,20 +254,20 @@ def copy_after_commit(cfg: QwenSparkConfig, run_id: str) -> bool:
     # recorded in job_runs.message, and the next run (or backfill_delta) catches up: the watermark is the
     # table's app-transaction version, so every committed run above it is appended in commit order.
     try:
-        with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
-            cur.execute("SELECT finished_at FROM job_runs WHERE run_id = %s", (run_id,))
-            (finished_at,) = cur.fetchone()
-        version = run_version(finished_at)
-        watermark = _watermark(cfg)
-        if watermark is not None and version <= watermark:
-            # A fresh run is never a replay: its version sits below the table's, so the clock went backwards.
-            log.warning("delta: run %s has version %d <= table's %d (clock skew?): not copied; "
-                        "its rows reach Delta only through a later re-analysis", run_id, version, watermark)
-            return False
-        if cfg.delta.writer == "spark" and not _has_deltalake():
-            # Without a watermark a catch-up would re-read every run ever committed: copy this run only.
-            return write_delta(run_rows(cfg, run_id), cfg.delta, app_id=cfg.delta.app_id, version=version)
-        runs = backfill_delta(cfg)
+        version = run_version(cfg, run_id)
+        if version is None:
+            raise ValueError(f"run {run_id} has no commit_seq in job_runs: it has not committed")
+        with _copy_lock(cfg):
+            watermark = _watermark(cfg)
+            if watermark is not None and version <= watermark:
+                # Versions follow commit order: another driver's catch-up, which copies every committed run
+                # above the watermark in that order, has already appended this one.
+                log.info("delta: run %s (version %d) is in the table already (at %d)", run_id, version, watermark)
+                return True
+            if cfg.delta.writer == "spark" and not _has_deltalake():
+                # Without a watermark a catch-up would re-read every run ever committed: copy this run only.
+                return write_delta(run_rows(cfg, run_id), cfg.delta, app_id=cfg.delta.app_id, version=version)
+            runs = backfill_delta(cfg)
         if runs > 1:
             log.info("delta: caught up %d earlier runs", runs - 1)
         return True

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import mysql.connector
 from mysql.connector.constants import ClientFlag
@@ -22,6 +22,7 @@ from pydantic import SecretStr
 from qwenspark.config import DbConfig
 from qwenspark.errors import SinkError, SourceError
 from qwenspark.faults import failpoint
+from qwenspark.io.migrations.v003_result_versions import SEQUENCE_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,30 @@ def top_errors(conn: Connection, run_id: str, limit: int = 3) -> list[tuple[str,
     return found
 
 
+INPUT_SEQ = "input"  # job_runs.input_seq: taken when a run starts, before it reads its input
+COMMIT_SEQ = "commit"  # job_runs.commit_seq: taken inside a run's last commit transaction (the Delta version)
+
+
+def next_seq(conn: Connection, name: str) -> int:
+    """The next value of sequence `name`, in conn's transaction.
+
+    Its row stays locked until that transaction ends: a value taken inside a commit transaction orders commits
+    (a later value is handed out only after the earlier transaction committed or rolled back).
+    """
+    with conn.cursor() as cur:
+        cur.execute(f"UPDATE {SEQUENCE_TABLE} SET value = LAST_INSERT_ID(value + 1) WHERE name = %s", (name,))
+        if cur.rowcount != 1:
+            raise SinkError(f"sequence {name!r} is missing from {SEQUENCE_TABLE}: run `qwenspark init-db`")
+        cur.execute("SELECT LAST_INSERT_ID()")
+        return int(cur.fetchone()[0])
+
+
+def take_seq(db: DbConfig, name: str) -> int:
+    """next_seq in a transaction of its own (committed at once)."""
+    with connect(db, autocommit=True) as conn:
+        return next_seq(conn, name)
+
+
 MIN_REVIEW_ID, MAX_REVIEW_ID = -(2**63), 2**63 - 1
 COMMIT_WORKERS = 2  # connections committing chunks of one run at once (each chunk is its own transaction)
 COMMIT_LOCK = "qwenspark.commit."  # + the database: one run commits at a time (released when its session ends)
@@ -266,12 +291,30 @@ def _span(chunk: tuple[int, int]) -> str:
     return f"{'' if lo == MIN_REVIEW_ID else lo}..{'' if hi == MAX_REVIEW_ID else hi}"
 
 
-def commit_chunk(conn: Connection, run_id: str, lo: int, hi: int, *, max_rows: int, dedupe: bool = True) -> int:
+class Counts(NamedTuple):
+    """What a commit did to review_sentiment."""
+
+    changed: int  # rows this run wrote (inserted or changed); identical rows (a replay) are not counted
+    stale: int = 0  # reviews it analysed but did not write: a run that read newer input had stored them
+
+    def plus(self, other: Counts) -> Counts:
+        """The sum of two chunks' counts."""
+        return Counts(self.changed + other.changed, self.stale + other.stale)
+
+
+class CommitConflict(SinkError):
+    """Another writer inserted a review of the chunk after the chunk read it: the chunk is rolled back, tried again."""
+
+
+def commit_chunk(
+    conn: Connection, run_id: str, lo: int, hi: int, *, max_rows: int, input_seq: int | None, dedupe: bool = True
+) -> Counts:
     """sql/upsert.sql for run_id's staged reviews lo..hi (at most max_rows distinct), in conn's open transaction.
 
-    Returns review_sentiment rows changed.
+    input_seq: the run's job_runs.input_seq (the staleness guard). Returns what the chunk wrote and left stale.
     """
-    params = {"run_id": run_id, "lo": lo, "hi": hi, "dedupe": int(dedupe), "heap_bytes": (1 << 20) + 64 * max_rows}
+    params = {"run_id": run_id, "lo": lo, "hi": hi, "dedupe": int(dedupe), "heap_bytes": (1 << 20) + 64 * max_rows,
+              "input_seq": input_seq}
     sections = _upsert_sections()
     affected = 0
     with conn.cursor() as cur:
@@ -280,25 +323,33 @@ def commit_chunk(conn: Connection, run_id: str, lo: int, hi: int, *, max_rows: i
             nonlocal affected
             for stmt in sections[section]:
                 cur.execute(stmt, params if "%(" in stmt else None)
+                if cur.with_rows:  # the locking read of @changes
+                    cur.fetchall()
                 if stmt.startswith("INSERT INTO review_sentiment ("):
                     affected = max(int(cur.rowcount), 0)
 
         run("changes")
         failpoint("sink.upsert", lo)  # inside the chunk's open transaction (the DB kill tests)
-        cur.execute("SELECT COUNT(*), COALESCE(SUM(is_new), 0) FROM tmp_chunk")
-        changed_rows, new_rows = (int(v) for v in cur.fetchone())
+        cur.execute("SELECT COUNT(*), COALESCE(SUM(is_new), 0), COALESCE(@stale_rows, 0) FROM tmp_chunk")
+        changed_rows, new_rows, stale_rows = (int(v) for v in cur.fetchone())
         if changed_rows:
             run("deltas")
             if changed_rows > new_rows:
                 run("old")
             run("upsert")
+            # ON DUPLICATE KEY UPDATE reports 1 per insert, 2 per changed row (identical rows never reach it).
+            # Anything else: a review counted new was inserted by another writer meanwhile (its old version is
+            # missing from the aggregate deltas, and the guard never saw it); the caller rolls back and retries.
+            if affected != new_rows + 2 * (changed_rows - new_rows):
+                raise CommitConflict(
+                    f"run {run_id}: chunk {_span((lo, hi))} expected to insert {new_rows} and update "
+                    f"{changed_rows - new_rows} rows, the server reports {affected} affected: another writer")
             run("apply")
         run("spent")
-    # ON DUPLICATE KEY UPDATE reports 1 per insert, 2 per changed row (identical rows never reach it).
-    return new_rows + (affected - new_rows) // 2
+    return Counts(changed_rows, stale_rows)
 
 
-ChunkHook = Callable[[Connection, int], None]
+ChunkHook = Callable[[Connection, Counts], None]
 
 
 def _session(conn: Connection) -> None:
@@ -308,21 +359,40 @@ def _session(conn: Connection) -> None:
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
 
-def _run_chunk(conn: Connection, run_id: str, chunk: tuple[int, int], chunk_rows: int, dedupe: bool) -> int:
-    """One chunk in its own transaction (committed here); retried when InnoDB rolled it back for a lock conflict."""
+T = TypeVar("T")
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, CommitConflict) or (isinstance(exc, mysql.connector.Error) and exc.errno in _RETRYABLE)
+
+
+def in_transaction(conn: Connection, what: str, work: Callable[[], T]) -> T:
+    """work() then COMMIT on conn; the whole transaction is run again when InnoDB rolled it back for a deadlock
+    or a lock wait timeout (or a CommitConflict), up to CHUNK_ATTEMPTS times. work must be safe to repeat."""
     for attempt in range(1, CHUNK_ATTEMPTS + 1):
         try:
-            changed = commit_chunk(conn, run_id, *chunk, max_rows=chunk_rows, dedupe=dedupe)
+            result = work()
             conn.commit()
-            return changed
-        except mysql.connector.Error as exc:
-            conn.rollback()
-            if exc.errno not in _RETRYABLE or attempt == CHUNK_ATTEMPTS:
+            return result
+        except Exception as exc:
+            try:
+                conn.rollback()
+            except mysql.connector.Error:  # the connection is gone: the first error says why
+                log.debug("%s: rollback failed", what, exc_info=True)
+            if not _retryable(exc) or attempt == CHUNK_ATTEMPTS:
                 raise
-            log.warning("run %s: chunk %s rolled back (%s), attempt %d of %d", run_id, _span(chunk), exc,
-                        attempt + 1, CHUNK_ATTEMPTS)
+            log.warning("%s rolled back (%s), attempt %d of %d", what, exc, attempt + 1, CHUNK_ATTEMPTS)
             time.sleep(0.05 * attempt)
     raise AssertionError("unreachable")
+
+
+def _run_chunk(
+    conn: Connection, run_id: str, chunk: tuple[int, int], chunk_rows: int, dedupe: bool, *, input_seq: int | None
+) -> Counts:
+    """One chunk in its own transaction (committed here; retried, see in_transaction)."""
+    return in_transaction(
+        conn, f"run {run_id}: chunk {_span(chunk)}",
+        lambda: commit_chunk(conn, run_id, *chunk, max_rows=chunk_rows, input_seq=input_seq, dedupe=dedupe))
 
 
 def commit_run(
@@ -330,12 +400,13 @@ def commit_run(
     run_id: str,
     *,
     chunk_rows: int,
+    input_seq: int | None = None,
     workers: int | None = None,
     dedupe: bool = True,
     finish: ChunkHook | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> int:
-    """Move run_id's staged rows into review_sentiment in bounded transactions; returns rows changed.
+    progress: Callable[[Counts], None] | None = None,
+) -> Counts:
+    """Move run_id's staged rows into review_sentiment in bounded transactions; returns what they wrote.
 
     Chunks: the run's staged rows are cut into review_id ranges of at most chunk_rows staged rows (every copy of a
     review in the same range; plan_chunks). Each chunk is ONE transaction (sql/upsert.sql): it keeps the latest
@@ -344,16 +415,22 @@ def commit_run(
     commit at once, each on its own connection: they touch disjoint reviews, and the aggregate rows they share
     are updated additively under row locks (a chunk rolled back by a deadlock is tried again).
 
-    The LAST transaction runs finish(conn, rows_changed) (pipeline: the job_runs update to 'succeeded' and the
-    caller's hook, e.g. the stream's stream_commits row) before its COMMIT, after every chunk committed. A run of
-    one chunk (every stream micro-batch, any run of up to chunk_rows staged rows) is a single transaction: data,
-    aggregates and finish together; a longer run ends with a transaction of its own for finish. progress(rows
-    changed so far) runs after each chunk's COMMIT. dedupe=False skips the latest-copy filter (for a run known to
-    hold one copy per review). One run commits at a time on a database (named lock COMMIT_LOCK + database): the
-    chunk transactions run at READ COMMITTED, and the stored versions they subtract from the aggregates must not
-    change under them; nothing but this function writes review_sentiment and the aggregates.
+    The LAST transaction runs finish(conn, counts) (pipeline: the job_runs update to 'succeeded', its commit_seq,
+    and the caller's hook, e.g. the stream's stream_commits row) before its COMMIT, after every chunk committed. A
+    run of one chunk (every stream micro-batch, any run of up to chunk_rows staged rows) is a single transaction:
+    data, aggregates and finish together; a longer run ends with a transaction of its own for finish. Every one of
+    these transactions is run again when InnoDB rolls it back for a deadlock or a lock wait timeout
+    (in_transaction): finish must be safe to repeat. progress(counts so far) runs after each chunk's COMMIT.
+    dedupe=False skips the latest-copy filter (for a run known to hold one copy per review). One run commits at a
+    time on a database (named lock COMMIT_LOCK + database): the chunk transactions run at READ COMMITTED, and the
+    stored versions they subtract from the aggregates must not change under them; each chunk also locks the stored
+    rows it reads and checks the rows its upsert affected (sql/upsert.sql), so a writer that bypasses the lock
+    makes a chunk retry rather than skew the aggregates.
 
-    Rows changed: 1 per review inserted or changed, 0 per identical one (a replay of a run changes 0 rows).
+    Many writers: input_seq is the run's job_runs.input_seq, taken before it read its input. A review stored by a
+    run with a higher input_seq (newer input) is left as it is and counted stale (sql/upsert.sql, @changes).
+    Counts.changed: 1 per review this run inserted or changed, 0 per identical one (a replay changes 0 rows) or
+    stale one.
 
     A crash or an error between chunks leaves: the chunks committed so far are final results of this run, each
     review once, and the aggregates match review_sentiment (every chunk commits its own aggregate changes); a
@@ -376,17 +453,25 @@ def commit_run(
             chunks = plan_chunks(conn, run_id, chunk_rows)
             conn.rollback()
             if len(chunks) == 1:
-                changed = commit_chunk(conn, run_id, *chunks[0], max_rows=chunk_rows, dedupe=dedupe)
+
+                def single() -> Counts:
+                    counts = commit_chunk(conn, run_id, *chunks[0], max_rows=chunk_rows, input_seq=input_seq,
+                                          dedupe=dedupe)
+                    if finish is not None:
+                        finish(conn, counts)
+                    return counts
+
+                counts = in_transaction(conn, f"run {run_id}: commit", single)
+                if progress is not None:
+                    progress(counts)
             else:
-                changed = _commit_chunks(
+                counts = _commit_chunks(
                     db, run_id, chunks, chunk_rows=chunk_rows, workers=workers or COMMIT_WORKERS, dedupe=dedupe,
-                    progress=progress,
+                    input_seq=input_seq, progress=progress,
                 )
-            if finish is not None:
-                finish(conn, changed)
-            conn.commit()
-            if len(chunks) == 1 and progress is not None:
-                progress(changed)
+                if finish is not None:
+                    hook = finish
+                    in_transaction(conn, f"run {run_id}: finish", lambda: hook(conn, counts))
         finally:
             try:
                 with conn.cursor() as cur:
@@ -394,8 +479,8 @@ def commit_run(
                     cur.fetchall()
             except mysql.connector.Error:  # the session is gone, and the lock with it
                 log.debug("run %s: commit lock not released explicitly", run_id, exc_info=True)
-    log.info("run %s: %d staged chunk(s) committed, %d rows changed", run_id, len(chunks), changed)
-    return changed
+    log.info("run %s: %d staged chunk(s) committed, %d rows changed, %d stale", run_id, len(chunks), *counts)
+    return counts
 
 
 def _commit_chunks(
@@ -406,13 +491,15 @@ def _commit_chunks(
     chunk_rows: int,
     workers: int,
     dedupe: bool,
-    progress: Callable[[int], None] | None,
-) -> int:
-    """Commit every chunk, up to `workers` at once; after a failure no further chunk starts. Rows changed."""
+    input_seq: int | None,
+    progress: Callable[[Counts], None] | None,
+) -> Counts:
+    """Commit every chunk, up to `workers` at once; after a failure no further chunk starts. What they wrote."""
     todo: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
     for chunk in chunks:
         todo.put(chunk)
-    state = {"changed": 0, "committed": 0}
+    totals = [Counts(0)]  # what the chunks committed so far wrote
+    done = [0]  # chunks committed
     errors: list[BaseException] = []
     guard = threading.Lock()
 
@@ -425,13 +512,12 @@ def _commit_chunks(
                         chunk = todo.get_nowait()
                     except queue.Empty:
                         return
-                    changed = _run_chunk(conn, run_id, chunk, chunk_rows, dedupe)
+                    counts = _run_chunk(conn, run_id, chunk, chunk_rows, dedupe, input_seq=input_seq)
                     with guard:
-                        state["changed"] += changed
-                        state["committed"] += 1
-                        total, committed = state["changed"], state["committed"]
-                    log.info("run %s: chunk %d of %d (review_id %s) committed, %d rows changed", run_id,
-                             committed, len(chunks), _span(chunk), changed)
+                        total = totals[0] = totals[0].plus(counts)
+                        committed = done[0] = done[0] + 1
+                    log.info("run %s: chunk %d of %d (review_id %s) committed, %d rows changed, %d stale", run_id,
+                             committed, len(chunks), _span(chunk), *counts)
                     if progress is not None:
                         progress(total)
                     failpoint("sink.between_chunks", committed)
@@ -453,7 +539,7 @@ def _commit_chunks(
         raise
     if errors:
         raise errors[0]
-    return state["changed"]
+    return totals[0]
 
 
 def _delete_stage(conn: Connection, run_id: str, batch_rows: int) -> int:

@@ -2,7 +2,12 @@
 -- caller's transaction (qwenspark.io.mysql.commit_chunk; commit_run has the semantics of chunks and failures).
 -- Parameters: %(run_id)s; %(lo)s and %(hi)s, the chunk's review_id range (inclusive); %(dedupe)s, 1 when the
 -- run staged some review more than once (a retried Spark write task), else 0; %(heap_bytes)s, room for the
--- chunk's review ids in a MEMORY table (64 bytes a staged row). Replaying a run changes 0 rows.
+-- chunk's review ids in a MEMORY table (64 bytes a staged row); %(input_seq)s, the run's job_runs.input_seq (the
+-- version of the input it read; NULL counts as older than any). Replaying a run changes 0 rows.
+--
+-- Many writers (the nightly batch, the stream): a stored result is replaced only by one of a run whose input is at
+-- least as new (staged input_seq >= stored input_seq, or the stored row has none); a run that read its input
+-- before another run that stored the review neither writes nor counts it (it counts it in @stale_rows).
 --
 -- The aggregates are maintained from the reviews that change, not recomputed from every review of a touched
 -- (hotel, day): per (hotel, day) and (hotel, day, aspect) the chunk adds the contributions of the new versions of
@@ -17,10 +22,22 @@
 -- @changes
 -- 1. The chunk's reviews that change review_sentiment: the latest staged copy of each review (highest
 --    stage_seq), kept when the review is new or any column differs in any byte from the stored row (an identical
---    row is what a replay stages: it is neither written nor counted). Chunks run at READ COMMITTED, and no other
---    run commits meanwhile (commit_run's named lock): the stored rows read here stay as read until the upsert.
-DROP TEMPORARY TABLE IF EXISTS tmp_chunk;
+--    row is what a replay stages: it is neither written nor counted), and the stored row is not newer (the
+--    staleness guard). Chunks run at READ COMMITTED; the stored rows are locked first, so what is read here stays
+--    as read until the upsert, even beside a writer that does not take commit_run's named lock. (A row INSERTED
+--    meanwhile by such a writer cannot be locked in advance: commit_chunk sees it in the upsert's affected rows
+--    and the chunk is rolled back and tried again.)
+--    The ids are read into a temporary table first: the locking read then locks review_sentiment rows only
+--    (locking the staged rows too made parallel chunks of one run deadlock on each other's ranges).
 SET SESSION max_heap_table_size = GREATEST(@@max_heap_table_size, %(heap_bytes)s);
+DROP TEMPORARY TABLE IF EXISTS tmp_chunk_ids;
+CREATE TEMPORARY TABLE tmp_chunk_ids (review_id BIGINT NOT NULL PRIMARY KEY) ENGINE=MEMORY;
+INSERT IGNORE INTO tmp_chunk_ids (review_id)
+SELECT review_id FROM review_sentiment_stage WHERE run_id = %(run_id)s AND review_id BETWEEN %(lo)s AND %(hi)s;
+SELECT COUNT(*) FROM tmp_chunk_ids t JOIN review_sentiment r ON r.review_id = t.review_id FOR UPDATE;
+SET @stale_rows = (SELECT COUNT(*) FROM tmp_chunk_ids t JOIN review_sentiment r ON r.review_id = t.review_id
+  WHERE r.input_seq > COALESCE(%(input_seq)s, 0));
+DROP TEMPORARY TABLE IF EXISTS tmp_chunk;
 CREATE TEMPORARY TABLE tmp_chunk (
   review_id BIGINT          NOT NULL PRIMARY KEY,
   stage_seq BIGINT UNSIGNED NOT NULL,
@@ -33,6 +50,7 @@ LEFT JOIN review_sentiment r ON r.review_id = s.review_id
 WHERE s.run_id = %(run_id)s AND s.review_id BETWEEN %(lo)s AND %(hi)s
   AND (%(dedupe)s = 0 OR s.stage_seq = (SELECT MAX(d.stage_seq) FROM review_sentiment_stage d
                                        WHERE d.run_id = s.run_id AND d.review_id = s.review_id))
+  AND (r.review_id IS NULL OR r.input_seq IS NULL OR COALESCE(%(input_seq)s, 0) >= r.input_seq)
   AND (r.review_id IS NULL OR NOT (
     CAST(r.hotel_id AS BINARY) <=> CAST(s.hotel_id AS BINARY) AND r.review_created_at <=> s.review_created_at
     AND CAST(r.lang AS BINARY) <=> CAST(s.lang AS BINARY) AND CAST(r.input_key AS BINARY) <=> CAST(s.input_key AS BINARY)
@@ -98,13 +116,16 @@ WHERE c.is_new = 0 AND r.error IS NULL AND jt.aspect IS NOT NULL AND r.hotel_id 
 GROUP BY r.hotel_id, DATE(r.review_created_at), jt.aspect;
 
 -- @upsert
--- 4. The upsert of the changed reviews: VALUES() works on MySQL 8 and MariaDB alike. Affected rows: 1 per
---    insert, 2 per changed row (commit_run turns that into rows changed).
+-- 4. The upsert of the changed reviews (tmp_chunk: the guard of @changes passed, on locked rows), each stamped with
+--    the run's input_seq: VALUES() works on MySQL 8 and MariaDB alike. Affected rows: 1 per insert, 2 per changed
+--    row; commit_chunk checks them against tmp_chunk (a review counted new that was inserted meanwhile by another
+--    writer makes the chunk roll back and run again, where the guard sees that row).
 INSERT INTO review_sentiment (
   review_id, hotel_id, review_created_at, lang, input_key, sentiment, summary, aspects, truncated, error,
-  model, prompt_version, tokens_in, tokens_out, latency_ms, analysed_at, run_id)
+  model, prompt_version, tokens_in, tokens_out, latency_ms, analysed_at, run_id, input_seq)
 SELECT s.review_id, s.hotel_id, s.review_created_at, s.lang, s.input_key, s.sentiment, s.summary, s.aspects,
-  s.truncated, s.error, s.model, s.prompt_version, s.tokens_in, s.tokens_out, s.latency_ms, s.analysed_at, s.run_id
+  s.truncated, s.error, s.model, s.prompt_version, s.tokens_in, s.tokens_out, s.latency_ms, s.analysed_at, s.run_id,
+  %(input_seq)s
 FROM tmp_chunk c
 JOIN review_sentiment_stage s ON s.run_id = %(run_id)s AND s.review_id = c.review_id AND s.stage_seq = c.stage_seq
   AND s.review_id BETWEEN %(lo)s AND %(hi)s
@@ -113,7 +134,8 @@ ON DUPLICATE KEY UPDATE
   input_key = VALUES(input_key), sentiment = VALUES(sentiment), summary = VALUES(summary),
   aspects = VALUES(aspects), truncated = VALUES(truncated), error = VALUES(error), model = VALUES(model),
   prompt_version = VALUES(prompt_version), tokens_in = VALUES(tokens_in), tokens_out = VALUES(tokens_out),
-  latency_ms = VALUES(latency_ms), analysed_at = VALUES(analysed_at), run_id = VALUES(run_id);
+  latency_ms = VALUES(latency_ms), analysed_at = VALUES(analysed_at), run_id = VALUES(run_id),
+  input_seq = VALUES(input_seq);
 
 -- @apply
 -- 5. Apply the deltas. Shares are computed from the resulting counts exactly as a recompute does

@@ -66,9 +66,10 @@ def test_delta_copy_each_review_once_then_unchanged(
     delta_rows = [tuple(r) for r in df.select(*cols).orderBy("review_id").collect()]
     assert delta_rows == mysql_rows
     assert sum(r[2] is not None for r in mysql_rows) == 1 and sum(r[1] is not None for r in mysql_rows) == n - 1
-    (finished,) = query(cfg, f"SELECT finished_at FROM job_runs WHERE run_id = '{first.run_id}'")[0]
+    (commit_seq,) = query(cfg, f"SELECT commit_seq FROM job_runs WHERE run_id = '{first.run_id}'")[0]
     table = deltalake.DeltaTable(path)
-    assert table.transaction_version(cfg.delta.app_id) == run_version(finished)  # type: ignore[arg-type]
+    assert table.transaction_version(cfg.delta.app_id) == run_version(cfg, first.run_id) == first.commit_seq
+    assert commit_seq == first.commit_seq
     before = table.version()
 
     second = run_batch(spark, cfg)

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from qwenspark.config import DeltaConfig
-from qwenspark.io.delta import run_version, to_delta_rows, write_delta
+from qwenspark.io.delta import to_delta_rows, write_delta
 from qwenspark.schemas import RESULT_COLUMNS
 
 deltalake = pytest.importorskip("deltalake")
@@ -74,12 +74,6 @@ def test_rows_keep_types_and_instants() -> None:
     assert not rows.schema.field("review_id").nullable and rows.schema.field("error").nullable
     with pytest.raises(ValueError, match="run_id"):
         to_delta_rows(_batch(range(1, 3), "r1").drop(columns=["run_id"]))
-
-
-def test_run_version_is_epoch_ms_and_ordered() -> None:
-    a = run_version(datetime(2026, 11, 30, 12, 0, 0, 123000))
-    assert a == 1796040000123
-    assert run_version(datetime(2026, 11, 30, 12, 0, 0, 124000)) == a + 1
 
 
 def test_importing_qwenspark_does_not_import_deltalake() -> None:
