@@ -97,7 +97,7 @@ def main() -> int:
         figures[f"{label}: reconcile (stage_summary)"] = n / (time.perf_counter() - t0)
         assert staged.reviews == staged.rows == n, staged
         t0 = time.perf_counter()
-        changed = mysql.commit_run(cfg.db, rid, chunk_rows=cfg.sink.commit_chunk_rows, dedupe=False)
+        changed = mysql.commit_run(cfg.db, rid, chunk_rows=cfg.sink.commit_chunk_rows, dedupe=False).changed
         figures[f"{label}: upsert + aggregates commit"] = n / (time.perf_counter() - t0)
         return changed
 
