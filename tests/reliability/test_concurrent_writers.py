@@ -178,6 +178,37 @@ def test_commits_racing_past_the_commit_lock_count_and_aggregate_exactly(
     _assert_consistent(cfg)
 
 
+def test_a_deadlock_in_a_one_chunk_commit_or_in_the_finish_is_retried(
+    echo_cfg: QwenSparkConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every commit transaction is run again when InnoDB rolls it back (deadlock victim, lock wait timeout): the
+    one-chunk commit (data, aggregates and job_runs in one transaction: every stream micro-batch) and the finish
+    transaction of a chunked run. Before, only the chunks of a chunked run were retried and such a run failed."""
+    cfg = echo_cfg
+    reset_tables(cfg)
+    rng = random.Random(29)
+    real_update = mysql.update_run
+    victims: list[str] = []
+
+    def rolled_back_once(conn: object, run_id: str, fields: dict[str, object], *, while_running: bool = False) -> None:
+        real_update(conn, run_id, fields, while_running=while_running)  # it ran: the rollback must undo it
+        if while_running and run_id not in victims:  # the update to 'succeeded', inside the last transaction
+            victims.append(run_id)
+            errno = 1213 if len(victims) == 1 else 1205
+            raise mysql.mysql.connector.errors.DatabaseError(msg=f"injected {errno}", errno=errno)
+
+    monkeypatch.setattr(mysql, "update_run", rolled_back_once)
+    one = [_result(rng, i) for i in range(1, 11)]
+    single = _commit(cfg, one, mysql.take_seq(cfg.db, mysql.INPUT_SEQ))
+    chunked_rows = [_result(rng, i) for i in range(5, 31)]
+    chunked = _commit(cfg, chunked_rows, mysql.take_seq(cfg.db, mysql.INPUT_SEQ), chunk_rows=7)
+    assert victims == [single.run_id, chunked.run_id]
+    assert _run_row(cfg, single.run_id) == ("succeeded", 10, 10, 0, single.input_seq, single.commit_seq)
+    assert _run_row(cfg, chunked.run_id) == ("succeeded", 26, 26, 0, chunked.input_seq, chunked.commit_seq)
+    assert _stored(cfg) == _expected([*one, *chunked_rows])
+    _assert_consistent(cfg)
+
+
 # ---------------------------------------------------------------------------------------------------- Delta
 
 
