@@ -312,7 +312,7 @@ class EngineConfig(_Section):
 class PromptConfig(_Section):
     """Which versioned prompt template to use."""
 
-    version: str = Field("v3", description="Prompt template version (see qwenspark.prompts.TEMPLATES).")
+    version: str = Field("v1", description="Prompt template version (see qwenspark.prompts.TEMPLATES).")
 
     @field_validator("version")
     @classmethod
