@@ -41,6 +41,7 @@ class RunSummary:
     rows_error: int = 0
     rows_truncated: int = 0
     rows_changed: int = 0
+    rows_purged: int = 0  # results of reviews gone from the source table, removed (job.purge_deleted)
     tokens_in: int = 0
     tokens_out: int = 0
     engine_loads: int = 0
@@ -131,7 +132,7 @@ def run_batch(spark: SparkSession, cfg: QwenSparkConfig, job: str = "batch") -> 
         lo, hi, rows = jdbc.id_bounds(cfg)
         return Selection(jdbc.read_reviews(spark, cfg, lo, hi) if rows else None, lo, hi, rows)
 
-    return run_tracked(spark, cfg, job, select)
+    return run_tracked(spark, cfg, job, select, purge=cfg.job.purge_deleted)
 
 
 def run_tracked(
@@ -140,8 +141,12 @@ def run_tracked(
     job: str,
     select: Callable[[], Selection],
     on_commit: CommitHook | None = None,
+    *,
+    purge: bool = False,
 ) -> RunSummary:
     """A job_runs-tracked run over select()'s rows; raises after marking the run failed if anything goes wrong.
+
+    purge: first remove the results of reviews no longer in source.table (purge_deleted; batch runs only).
 
     The driver holds the run's lease (a named lock, mysql.run_lease) from before the run is recorded until it
     ends, and first marks failed the runs whose drivers died without committing (their leases are free),
@@ -170,6 +175,10 @@ def run_tracked(
                         abandoned)
         log.info("run %s started (config %s)", summary.run_id, cfg.config_hash())
         try:
+            if purge:
+                summary.rows_purged = mysql.purge_deleted(cfg.db, cfg.source, chunk_rows=cfg.sink.commit_chunk_rows)
+                log.info("%d result(s) of reviews deleted from %s purged, with their share of the aggregates",
+                         summary.rows_purged, cfg.source.table)
             _run(spark, cfg, summary, started, sel=select(), on_commit=on_commit, lease=lease)
         except BaseException as exc:
             summary.status = "failed"

@@ -13,19 +13,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import mysql.connector
 from mysql.connector.constants import ClientFlag
 from pydantic import SecretStr
 
-from qwenspark.config import DbConfig
+from qwenspark.config import DbConfig, SourceConfig
 from qwenspark.errors import SinkError, SourceError
 from qwenspark.faults import failpoint
 
 log = logging.getLogger(__name__)
 
 Connection = Any  # mysql.connector's connection classes share no public base type
+T = TypeVar("T")
 
 
 def sql_text(name: str) -> str:
@@ -288,6 +289,7 @@ def commit_chunk(conn: Connection, run_id: str, lo: int, hi: int, *, max_rows: i
         cur.execute("SELECT COUNT(*), COALESCE(SUM(is_new), 0) FROM tmp_chunk")
         changed_rows, new_rows = (int(v) for v in cur.fetchone())
         if changed_rows:
+            run("delta_tables")
             run("deltas")
             if changed_rows > new_rows:
                 run("old")
@@ -454,6 +456,103 @@ def _commit_chunks(
     if errors:
         raise errors[0]
     return state["changed"]
+
+
+def commit_lock_name(db: DbConfig) -> str:
+    """The named lock under which one writer at a time changes review_sentiment and the aggregates on db."""
+    return f"{COMMIT_LOCK}{db.database}"[:64]
+
+
+@contextmanager
+def holding_commit_lock(conn: Connection, db: DbConfig, what: str) -> Iterator[None]:
+    """Hold the commit lock on conn while the block runs (waits up to COMMIT_LOCK_TIMEOUT_S for a commit)."""
+    lock = commit_lock_name(db)
+    with conn.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, %s)", (lock, COMMIT_LOCK_TIMEOUT_S))
+        if cur.fetchone()[0] != 1:
+            raise SinkError(f"{what}: another run held the commit lock for {COMMIT_LOCK_TIMEOUT_S} s")
+    try:
+        yield
+    finally:
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
+                cur.fetchall()
+        except mysql.connector.Error:  # the session is gone, and the lock with it
+            log.debug("%s: commit lock not released explicitly", what, exc_info=True)
+
+
+def _retried(conn: Connection, what: str, work: Callable[[], T]) -> T:
+    """work() then COMMIT on conn, run again when InnoDB rolled the transaction back for a lock conflict."""
+    for attempt in range(1, CHUNK_ATTEMPTS + 1):
+        try:
+            result = work()
+            conn.commit()
+            return result
+        except mysql.connector.Error as exc:
+            conn.rollback()
+            if exc.errno not in _RETRYABLE or attempt == CHUNK_ATTEMPTS:
+                raise
+            log.warning("%s rolled back (%s), attempt %d of %d", what, exc, attempt + 1, CHUNK_ATTEMPTS)
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
+
+
+@functools.cache
+def _purge_sections() -> dict[str, list[str]]:
+    return script_sections(sql_text("purge.sql"))
+
+
+# tmp_chunk's statements in upsert.sql's @changes: the purge fills the same table, which @old reads.
+_CHUNK_DDL = ("DROP TEMPORARY TABLE IF EXISTS tmp_chunk", "SET SESSION max_heap_table_size",
+              "CREATE TEMPORARY TABLE tmp_chunk")
+
+
+def purge_deleted(db: DbConfig, source: SourceConfig, *, chunk_rows: int) -> int:
+    """Remove the results of reviews that no longer exist in source.table (within source.min_id/max_id); how many.
+
+    Hard deletes leave a review's result and its share of hotel_sentiment_daily / aspect_sentiment behind. Each
+    chunk of at most chunk_rows such results is ONE transaction: upsert.sql's @old subtracts their stored
+    versions, sql/purge.sql deletes them, @apply applies the deltas (keys left with no review are deleted), so the
+    aggregates match review_sentiment after every chunk. Under the commit lock: no run commits meanwhile, so the
+    stored versions subtracted are the ones deleted. A review re-inserted into the source while its result is
+    purged is simply new to the next run.
+    """
+    upsert, purge = _upsert_sections(), _purge_sections()
+    chunk_ddl = [stmt for stmt in upsert["changes"] if stmt.startswith(_CHUNK_DDL)]
+    select = [stmt.replace("{source}", source.table) for stmt in purge["select"]]
+    hi = MAX_REVIEW_ID if source.max_id is None else source.max_id
+    params: dict[str, Any] = {"limit": chunk_rows, "hi": hi, "heap_bytes": (1 << 20) + 64 * chunk_rows}
+    purged = 0
+    with connect(db) as conn, holding_commit_lock(conn, db, "purge of deleted reviews"):
+        _session(conn)
+        start = MIN_REVIEW_ID if source.min_id is None else source.min_id
+        while start <= hi:
+            params["lo"] = start
+
+            def chunk() -> tuple[int, int, int]:
+                with conn.cursor() as cur:
+                    for stmt in [*chunk_ddl, *upsert["delta_tables"], *select]:
+                        cur.execute(stmt, params if "%(" in stmt else None)
+                    cur.execute("SELECT COUNT(*), MAX(review_id) FROM tmp_chunk")
+                    found, last = cur.fetchone()
+                    if not found:
+                        return 0, 0, hi
+                    for stmt in upsert["old"]:
+                        cur.execute(stmt, params if "%(" in stmt else None)
+                    for stmt in purge["delete"]:
+                        cur.execute(stmt)
+                    deleted = int(cur.rowcount)
+                    for stmt in upsert["apply"]:
+                        cur.execute(stmt, params if "%(" in stmt else None)
+                return int(found), deleted, int(last)
+
+            found, deleted, last = _retried(conn, f"purge of deleted reviews from {start}", chunk)
+            purged += deleted
+            if found < chunk_rows or last >= hi:  # the scan reached hi
+                break
+            start = last + 1
+    return purged
 
 
 def _delete_stage(conn: Connection, run_id: str, batch_rows: int) -> int:

@@ -11,8 +11,25 @@
 -- (tests/spark/test_sink_commit.py holds them to it), at a cost proportional to the reviews that change rather than
 -- to all the reviews stored for the touched keys, and with no JSON parsed for reviews that did not change.
 --
--- Sections (`-- @name`) run in order; commit_chunk skips @deltas to @apply when no review of the chunk changes,
--- and @old when every changed review is new.
+-- Sections (`-- @name`) run in this order: @changes, then, unless no review of the chunk changes, the
+-- sections @delta_tables, @deltas, @old (skipped when every changed review is new), @upsert and @apply; then
+-- the section @spent. The purge of deleted reviews (sql/purge.sql, mysql.purge_deleted) reuses three of them:
+-- the temporary tables of @delta_tables, the subtraction of @old and the application of @apply.
+
+-- @delta_tables
+-- 0. The aggregates' deltas, per (hotel, day) and per (hotel, day, aspect): filled by @deltas (+ new versions)
+--    and @old (- stored versions), applied by @apply. hotel_id is held as bytes: ids compare exactly (schema v002),
+--    on MySQL and MariaDB alike, whatever the session's collation.
+DROP TEMPORARY TABLE IF EXISTS tmp_daily_delta;
+CREATE TEMPORARY TABLE tmp_daily_delta (
+  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, reviews INT NOT NULL, analysed INT NOT NULL,
+  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, mixed INT NOT NULL, errors INT NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+DROP TEMPORARY TABLE IF EXISTS tmp_aspect_delta;
+CREATE TEMPORARY TABLE tmp_aspect_delta (
+  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, aspect VARCHAR(32) NOT NULL, mentions INT NOT NULL,
+  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, KEY (hotel_id, day, aspect)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 
 -- @changes
 -- 1. The chunk's reviews that change review_sentiment: the latest staged copy of each review (highest
@@ -45,19 +62,8 @@ WHERE s.run_id = %(run_id)s AND s.review_id BETWEEN %(lo)s AND %(hi)s
     AND r.analysed_at <=> s.analysed_at AND CAST(r.run_id AS BINARY) <=> CAST(s.run_id AS BINARY)));
 
 -- @deltas
--- 2. Contributions to the aggregates, per (hotel, day) and per (hotel, day, aspect) from the aspects JSON of
---    analysed reviews (error IS NULL): + the new versions here, - the old versions in @old. hotel_id is held as
---    bytes: ids compare exactly (schema v002), on MySQL and MariaDB alike, whatever the session's collation.
-DROP TEMPORARY TABLE IF EXISTS tmp_daily_delta;
-CREATE TEMPORARY TABLE tmp_daily_delta (
-  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, reviews INT NOT NULL, analysed INT NOT NULL,
-  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, mixed INT NOT NULL, errors INT NOT NULL
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
-DROP TEMPORARY TABLE IF EXISTS tmp_aspect_delta;
-CREATE TEMPORARY TABLE tmp_aspect_delta (
-  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, aspect VARCHAR(32) NOT NULL, mentions INT NOT NULL,
-  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, KEY (hotel_id, day, aspect)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+-- 2. Contributions to the aggregates (tables of @delta_tables), per (hotel, day) and per (hotel, day, aspect) from
+--    the aspects JSON of analysed reviews (error IS NULL): + the new versions here, - the old versions in @old.
 INSERT INTO tmp_daily_delta (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors)
 SELECT s.hotel_id, DATE(s.review_created_at), COUNT(*), SUM(s.error IS NULL), SUM(s.sentiment <=> 'positive'),
   SUM(s.sentiment <=> 'negative'), SUM(s.sentiment <=> 'neutral'), SUM(s.sentiment <=> 'mixed'), SUM(s.error IS NOT NULL)
