@@ -126,9 +126,19 @@ def read_reviews(spark: SparkSession, cfg: QwenSparkConfig, lo: int, hi: int) ->
 
 
 def read_done(spark: SparkSession, cfg: QwenSparkConfig, lo: int, hi: int) -> DataFrame:
-    """(review_id, input_key, error) of results already stored for the id range."""
-    df = _partitioned(spark, cfg, "review_sentiment", lo, hi)
-    return df.where((F.col("review_id") >= lo) & (F.col("review_id") <= hi)).select("review_id", "input_key", "error")
+    """(review_id, input_key, error, hotel_id, review_created_at) of results already stored for the id range.
+
+    review_created_at crosses as text and is parsed as read_reviews parses created_at: a DATETIME stored as it was
+    read compares equal to the source's, whatever its value (zero dates: NULL on both sides).
+    """
+    query = (
+        "(SELECT review_id, input_key, error, hotel_id, CAST(review_created_at AS CHAR) AS review_created_at"
+        f" FROM review_sentiment WHERE review_id BETWEEN {int(lo)} AND {int(hi)}) AS qwenspark_done"
+    )
+    df = _partitioned(spark, cfg, query, lo, hi)
+    created = INPUT_SCHEMA["created_at"].dataType
+    return df.select("review_id", "input_key", "error", "hotel_id",
+                     F.col("review_created_at").try_cast(created).alias("review_created_at"))
 
 
 def write_stage(df: DataFrame, cfg: QwenSparkConfig) -> None:

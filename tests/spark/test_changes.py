@@ -22,7 +22,7 @@ pytestmark = pytest.mark.spark
 AGGREGATES = ("hotel_sentiment_daily", "aspect_sentiment")
 NIGHT1 = ("2026-11-02 00:00:00", "2026-11-03 00:00:00")
 STAMP1 = "2026-11-02 12:00:00"  # updated_at of every review before the first night's run
-EDITED, RATED, LATE, ALONE = 4, 7, 13, 12
+EDITED, RATED, MOVED, LATE, ALONE = 4, 7, 10, 13, 12
 DELETED = (5, 6, 9, ALONE)  # with chunks of 2 rows the purge takes three transactions (5 6 | 9 12 | none)
 NEGATIVE_TEXT = "Filthy bathroom and rude staff at night."
 
@@ -96,38 +96,40 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
     assert _aggregates(echo_cfg) == _recomputed(echo_cfg)
     key_before = query(echo_cfg, f"SELECT input_key FROM review_sentiment WHERE review_id = {EDITED}")[0][0]
 
-    # Between the nights: an edit of the text, an edit of the rating only, a late insert with an old created_at,
-    # four deletes. Nobody sets updated_at: the DDL does.
+    # Between the nights: an edit of the text, an edit of the rating only, a review moved to another hotel (same
+    # text), a late insert with an old created_at, four deletes. Nobody sets updated_at: the DDL does.
     t0 = _db_now(echo_cfg)
     with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("UPDATE hotel_reviews SET text = %s WHERE review_id = %s", (NEGATIVE_TEXT, EDITED))
         cur.execute("UPDATE hotel_reviews SET rating = 2 WHERE review_id = %s", (RATED,))
+        cur.execute("UPDATE hotel_reviews SET hotel_id = 'H2' WHERE review_id = %s", (MOVED,))
         cur.execute(
             "INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
             " VALUES (%s, 'H0', '2026-10-15 09:00:00', 'en', 1, 'Noisy street, no sleep.')", (LATE,))
         cur.execute(f"DELETE FROM hotel_reviews WHERE review_id IN ({', '.join(map(str, DELETED))})")
     stamps = dict(query(echo_cfg, "SELECT review_id, updated_at FROM hotel_reviews"))
-    assert {r for r, at in stamps.items() if at >= t0} == {EDITED, RATED, LATE}
-    assert {str(at) for r, at in stamps.items() if r not in (EDITED, RATED, LATE)} == {STAMP1}
+    assert {r for r, at in stamps.items() if at >= t0} == {EDITED, RATED, MOVED, LATE}
+    assert {str(at) for r, at in stamps.items() if r not in (EDITED, RATED, MOVED, LATE)} == {STAMP1}
     t1 = _db_now(echo_cfg) + timedelta(seconds=1)
 
     night2 = _nightly(echo_cfg, t0, t1)
     # The created_at window of earlier releases, over the same night, never sees the late insert (nor the edits).
     by_created = night2.model_copy(update={"source": night2.source.model_copy(update={"window_column": "created_at"})})
     assert jdbc.id_bounds(by_created)[2] == 0
-    assert jdbc.id_bounds(night2) == (EDITED, LATE, 3)
+    assert jdbc.id_bounds(night2) == (EDITED, LATE, 4)
 
     second = run_batch(spark, night2)
-    assert (second.status, second.rows_selected, second.rows_skipped, second.rows_analysed) == ("succeeded", 3, 1, 2)
-    assert (second.rows_changed, second.rows_purged) == (2, len(DELETED))
+    assert (second.status, second.rows_selected, second.rows_skipped, second.rows_analysed) == ("succeeded", 4, 1, 3)
+    assert (second.rows_changed, second.rows_purged) == (3, len(DELETED))
     stored = {int(r[0]): r[1:] for r in query(
         echo_cfg, "SELECT review_id, sentiment, summary, input_key, hotel_id, review_created_at FROM review_sentiment")}
     assert sorted(stored) == sorted({*range(1, 14)} - set(DELETED)), "deleted reviews' results are gone"
     assert stored[EDITED][:2] == ("negative", NEGATIVE_TEXT) and stored[EDITED][2] != key_before, "re-analysed"
     assert stored[LATE][0] == "negative" and str(stored[LATE][4]) == "2026-10-15 09:00:00"
+    assert stored[MOVED][3] == "H2", "a review moved to another hotel is written again under it"
     runs = query(echo_cfg, "SELECT rows_changed, rows_purged FROM job_runs WHERE status = 'succeeded'"
                            " ORDER BY started_at")
-    assert [tuple(r) for r in runs] == [(12, 0), (2, len(DELETED))]
+    assert [tuple(r) for r in runs] == [(12, 0), (3, len(DELETED))]
 
     # The aggregates: what a full recompute gives, and these changes exactly.
     assert _aggregates(echo_cfg) == _recomputed(echo_cfg)
@@ -141,8 +143,10 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
         key = (f"H{rid % 3}", f"2026-11-0{1 + rid % 2}")
         n, p, q = expected[key]
         expected[key] = (n - 1, p - 1, q)
-    n, p, q = expected[("H1", "2026-11-01")]  # review 4: positive -> negative
-    expected[("H1", "2026-11-01")] = (n, p - 1, q + 1)
+    n, p, q = expected[("H1", "2026-11-01")]  # review 4: positive -> negative; review 10: moved to H2
+    expected[("H1", "2026-11-01")] = (n - 1, p - 2, q + 1)
+    n, p, q = expected[("H2", "2026-11-01")]
+    expected[("H2", "2026-11-01")] = (n + 1, p + 1, q)
     expected[("H0", "2026-10-15")] = (1, 0, 1)
     assert after == {k: v for k, v in expected.items() if v[0]}
     assert sum(v[0] for v in after.values()) == 13 - len(DELETED)
@@ -150,7 +154,7 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
     # The same night again: nothing to analyse, nothing to purge, nothing changes.
     held = snapshot(echo_cfg)
     third = run_batch(spark, night2)
-    assert (third.rows_selected, third.rows_analysed, third.rows_changed, third.rows_purged) == (3, 0, 0, 0)
+    assert (third.rows_selected, third.rows_analysed, third.rows_changed, third.rows_purged) == (4, 0, 0, 0)
     assert snapshot(echo_cfg) == held
 
 
