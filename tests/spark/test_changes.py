@@ -4,18 +4,21 @@ takes their results and their share of the aggregates away; the upgrade to v004 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from pyspark.sql import SparkSession
 
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import SourceError
 from qwenspark.io import jdbc, migrate, mysql
 from qwenspark.pipeline import run_batch
-from tests.spark.conftest import load_reviews, query, reset_tables, snapshot
+from tests.spark.conftest import ROOT, load_reviews, query, reset_tables, snapshot
 
 pytestmark = pytest.mark.spark
 
@@ -156,6 +159,20 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
     third = run_batch(spark, night2)
     assert (third.rows_selected, third.rows_analysed, third.rows_changed, third.rows_purged) == (4, 0, 0, 0)
     assert snapshot(echo_cfg) == held
+
+    # `qwenspark purge-deleted`, bounded by source.max_id, then not: two more deletes, one purge each.
+    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute("DELETE FROM hotel_reviews WHERE review_id IN (1, 11)")
+    config = tmp_path / "purge.yaml"
+    config.write_text(yaml.safe_dump(echo_cfg.model_dump(mode="json")), encoding="utf-8")
+    for bound, left in (("source.max_id=5", 8), ("source.max_id=null", 7)):  # 9 results: 1 goes, then 11
+        out = subprocess.run([sys.executable, "-m", "qwenspark.cli", "purge-deleted", "--config", str(config),
+                              "--set", bound], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+        assert out.returncode == 0, out.stderr
+        assert "1 result(s) of reviews no longer in hotel_reviews removed" in out.stdout
+        assert query(echo_cfg, "SELECT COUNT(*) FROM review_sentiment")[0][0] == left
+    assert _aggregates(echo_cfg) == _recomputed(echo_cfg)
+    assert sum(v[0] for v in _daily(echo_cfg).values()) == 13 - len(DELETED) - 2
 
 
 def test_updated_at_window_is_half_open(echo_cfg: QwenSparkConfig, tmp_path: Path) -> None:
