@@ -514,9 +514,11 @@ def purge_deleted(db: DbConfig, source: SourceConfig, *, chunk_rows: int) -> int
     Hard deletes leave a review's result and its share of hotel_sentiment_daily / aspect_sentiment behind. Each
     chunk of at most chunk_rows such results is ONE transaction: upsert.sql's @old subtracts their stored
     versions, sql/purge.sql deletes them, @apply applies the deltas (keys left with no review are deleted), so the
-    aggregates match review_sentiment after every chunk. Under the commit lock: no run commits meanwhile, so the
-    stored versions subtracted are the ones deleted. A review re-inserted into the source while its result is
-    purged is simply new to the next run.
+    aggregates match review_sentiment after every chunk. Each chunk holds the commit lock: no run commits during
+    it, so the stored versions subtracted are the ones deleted; between chunks the lock is free, so a stream's
+    micro-batches are not held up by a long purge. A review re-inserted into the source while its result is
+    purged is simply new to the next run; one deleted while a run that had read it commits gets its result back
+    from that commit and loses it at the next purge.
     """
     upsert, purge = _upsert_sections(), _purge_sections()
     chunk_ddl = [stmt for stmt in upsert["changes"] if stmt.startswith(_CHUNK_DDL)]
@@ -524,7 +526,7 @@ def purge_deleted(db: DbConfig, source: SourceConfig, *, chunk_rows: int) -> int
     hi = MAX_REVIEW_ID if source.max_id is None else source.max_id
     params: dict[str, Any] = {"limit": chunk_rows, "hi": hi, "heap_bytes": (1 << 20) + 64 * chunk_rows}
     purged = 0
-    with connect(db) as conn, holding_commit_lock(conn, db, "purge of deleted reviews"):
+    with connect(db) as conn:
         _session(conn)
         start = MIN_REVIEW_ID if source.min_id is None else source.min_id
         while start <= hi:
@@ -547,7 +549,9 @@ def purge_deleted(db: DbConfig, source: SourceConfig, *, chunk_rows: int) -> int
                         cur.execute(stmt, params if "%(" in stmt else None)
                 return int(found), deleted, int(last)
 
-            found, deleted, last = _retried(conn, f"purge of deleted reviews from {start}", chunk)
+            what = f"purge of deleted reviews from review_id {start}"
+            with holding_commit_lock(conn, db, what):
+                found, deleted, last = _retried(conn, what, chunk)
             purged += deleted
             if found < chunk_rows or last >= hi:  # the scan reached hi
                 break

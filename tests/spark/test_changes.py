@@ -222,3 +222,37 @@ def test_upgrade_to_v004_keeps_reviews_and_selects_them_once(echo_cfg: QwenSpark
     assert query(echo_cfg, "SELECT COUNT(*) FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE()"
                            " AND TABLE_NAME = 'hotel_reviews' AND INDEX_NAME = 'ix_hotel_reviews_updated'")[0][0] == 1
     assert migrate.migrate(echo_cfg.db) == []  # idempotent
+
+
+def test_purge_waits_for_the_commit_lock_and_chunks(echo_cfg: QwenSparkConfig) -> None:
+    """A purge never runs inside another writer's commit: it waits for the commit lock (one chunk at a time)."""
+    import threading
+
+    reset_tables(echo_cfg)
+    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO review_sentiment (review_id, hotel_id, review_created_at, input_key, sentiment, aspects,"
+            " truncated, model, prompt_version, tokens_in, tokens_out, latency_ms, analysed_at, run_id) VALUES"
+            " (%s, 'H1', '2026-11-02 10:00:00', 'k', 'positive', %s, 0, 'echo', 'v1', 1, 1, 1, UTC_TIMESTAMP(3), 'r')",
+            [(i, '[{"aspect": "room", "sentiment": "positive"}]') for i in range(1, 8)])
+        cur.execute("INSERT INTO hotel_reviews (review_id, hotel_id, created_at, text) VALUES (3, 'H1', NOW(), 'x')")
+        mysql.run_script(conn, mysql.sql_text("recompute_aggregates.sql"))
+    assert _daily(echo_cfg) == {("H1", "2026-11-02"): (7, 7, 0)}
+    done: list[int] = []
+    with mysql.connect(echo_cfg.db, autocommit=True) as holder, holder.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, 0)", (mysql.commit_lock_name(echo_cfg.db),))
+        assert cur.fetchone()[0] == 1
+        purge = threading.Thread(target=lambda: done.append(
+            mysql.purge_deleted(echo_cfg.db, echo_cfg.source, chunk_rows=2)))
+        purge.start()
+        purge.join(2.0)
+        assert purge.is_alive() and not done, "the purge waits while another writer holds the commit lock"
+        assert query(echo_cfg, "SELECT COUNT(*) FROM review_sentiment")[0][0] == 7
+        cur.execute("SELECT RELEASE_LOCK(%s)", (mysql.commit_lock_name(echo_cfg.db),))
+        cur.fetchall()
+    purge.join(60)
+    assert done == [6], "every result but review 3's, in chunks of 2"
+    assert [r[0] for r in query(echo_cfg, "SELECT review_id FROM review_sentiment")] == [3]
+    assert _daily(echo_cfg) == {("H1", "2026-11-02"): (1, 1, 0)}
+    assert query(echo_cfg, "SELECT aspect, mentions, positive FROM aspect_sentiment") == [("room", 1, 1)]
+    assert _aggregates(echo_cfg) == _recomputed(echo_cfg)
