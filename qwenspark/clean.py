@@ -6,6 +6,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from qwenspark.config import QwenSparkConfig
+from qwenspark.models.identity import model_identity
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS, LANG_MAX_CHARS
 
 # The patterns run in Java (java.util.regex), where \s is ASCII-only: Unicode's White_Space property covers
@@ -27,10 +28,13 @@ _CONTENT = r"[\p{L}\p{N}\p{So}&&[^\u115F\u1160\u3164\uFFA0\u2800]]"
 CONTENT_ERROR_PREFIXES: tuple[str, ...] = ("empty:", "invalid:", "prompt:", "parse:")
 
 
-def input_key(cfg: QwenSparkConfig, text: Column) -> Column:
-    """sha256(model, prompt version, raw text): a stored result with the same key is still current."""
+def input_key(cfg: QwenSparkConfig, lang: Column, text: Column) -> Column:
+    """sha256(model identity, prompt version, normalised lang, raw text): a stored result with the same key is
+    current. The identity (models/identity.py) names the weights, not their path; it is computed here, on the
+    driver, once per run."""
+    parts = [model_identity(cfg.engine), cfg.prompt.version]
     return F.sha2(
-        F.concat_ws("\u001f", F.lit(cfg.engine.model), F.lit(cfg.prompt.version), F.coalesce(text, F.lit(""))), 256
+        F.concat_ws("\u001f", *map(F.lit, parts), F.coalesce(lang, F.lit("")), F.coalesce(text, F.lit(""))), 256
     )
 
 
@@ -76,7 +80,7 @@ def clean(reviews: DataFrame, cfg: QwenSparkConfig) -> DataFrame:
         "created_at",
         normal_lang(F.col("lang")).alias("lang"),
         F.substring(text, 1, cfg.clean.max_chars).alias("text"),
-        input_key(cfg, F.col("text")).alias("input_key"),
+        input_key(cfg, normal_lang(F.col("lang")), F.col("text")).alias("input_key"),
         error.alias("clean_error"),
     ).select(*CLEAN_SCHEMA.fieldNames())
 

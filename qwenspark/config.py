@@ -193,6 +193,13 @@ class EngineConfig(_Section):
         "importable in the executors' Python workers.",
     )
     model: str = Field(..., description="Model folder or hub id of a Qwen instruct model.")
+    model_revision: str | None = Field(
+        None,
+        description="The weights' revision as you assert it (e.g. a hub commit sha): results are keyed by it. None: "
+        "a local model folder is keyed by a sha256 of its files (config, tokenizer, weights; cached per file under "
+        "$QWENSPARK_CACHE/fingerprints or ~/.cache/qwenspark/fingerprints, so moving the folder keeps the key and "
+        "swapping its weights changes it); a hub id or served model by its name.",
+    )
     default_model: bool = Field(
         False, description="Fetch and convert the embedded default model into `model` if it is missing."
     )
@@ -222,6 +229,11 @@ class EngineConfig(_Section):
         ),
     )
     guided: bool = Field(True, description="Constrain output to the JSON schema (xgrammar).")
+    answer_order: Literal["verdict_first", "verdict_last"] = Field(
+        "verdict_first",
+        description="Field order of the guided JSON answer. The job sets it from prompt.version's template (the "
+        "template's few-shot answers use that order); leave it unset.",
+    )
     continuous: bool = Field(
         True, description="Feed the engine continuously across batches (vLLM); false: one generate per batch."
     )
@@ -393,6 +405,13 @@ class JobConfig(_Section):
         ge=1,
         description="CPU cores (threads) each engine gets. None: the executor's cores / its slots; local mode: "
         "the local cores / slots.",
+    )
+    retention_days: int = Field(
+        90,
+        ge=0,
+        description="job_runs rows (never 'running' ones) and stream_commits rows older than this many days are "
+        "deleted, in small transactions, when a batch run or a stream starts (and hourly while a stream runs); the "
+        "latest stream_commits row of each query is always kept (a replay is checked against it). 0: keep forever.",
     )
 
 

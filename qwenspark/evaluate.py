@@ -88,7 +88,10 @@ def run_eval(spark: SparkSession, cfg: QwenSparkConfig, labelled: pd.DataFrame) 
     df = clean(spark.createDataFrame(rows, INPUT_SCHEMA), cfg)
     metrics: Metrics = new_metrics(spark)
     t0 = time.perf_counter()
-    out = analyse(df, cfg, metrics).select("review_id", "sentiment", "error", "tokens_out").toPandas()
+    try:
+        out = analyse(df, cfg, metrics).select("review_id", "sentiment", "error", "tokens_out").toPandas()
+    finally:
+        metrics.release()
     seconds = time.perf_counter() - t0
     out = out.sort_values("review_id").reset_index(drop=True)
     if len(out) != len(labelled):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -21,9 +21,24 @@ class Parsed:
     error: str | None
 
 
-def json_schema() -> dict[str, Any]:
-    """The JSON schema handed to guided decoding (strings carry maxLength so decoding always ends)."""
-    return ReviewAnalysis.model_json_schema()
+AnswerOrder = Literal["verdict_first", "verdict_last"]
+# The order guided decoding writes the answer's fields in. A causal model conditions each field on those before
+# it: verdict_last makes it name the aspects and summarise the stay before it decides the label, which a label
+# sentence injected into the review sways far less (bench/injection.py).
+ANSWER_FIELDS: dict[str, tuple[str, ...]] = {
+    "verdict_first": ("sentiment", "summary", "aspects"),
+    "verdict_last": ("aspects", "summary", "sentiment"),
+}
+
+
+def json_schema(order: AnswerOrder = "verdict_first") -> dict[str, Any]:
+    """The JSON schema handed to guided decoding, its properties in `order` (strings carry maxLength so decoding
+    always ends)."""
+    schema = ReviewAnalysis.model_json_schema()
+    fields = ANSWER_FIELDS[order]
+    schema["properties"] = {name: schema["properties"][name] for name in fields}
+    schema["required"] = list(fields)
+    return schema
 
 
 def parse_completion(text: str, finish_reason: str | None = None) -> Parsed:

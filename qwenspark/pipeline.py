@@ -132,6 +132,7 @@ def run_batch(spark: SparkSession, cfg: QwenSparkConfig, job: str = "batch") -> 
         lo, hi, rows = jdbc.id_bounds(cfg)
         return Selection(jdbc.read_reviews(spark, cfg, lo, hi) if rows else None, lo, hi, rows)
 
+    mysql.apply_retention(cfg.db, cfg.job.retention_days)  # old job_runs / stream_commits rows, DML only
     return run_tracked(spark, cfg, job, select, purge=cfg.job.purge_deleted)
 
 
@@ -217,6 +218,7 @@ def _run(
         "%d reviews selected, %d already current, %d to analyse",
         summary.rows_selected, summary.rows_skipped, summary.rows_analysed,
     )
+    metrics: Metrics | None = None
     try:
         if todo is not None and summary.rows_analysed:
             metrics = new_metrics(spark)
@@ -244,6 +246,8 @@ def _run(
             # After the commit, from what MySQL holds; a Delta failure never fails a committed run.
             delta.copy_after_commit(cfg, summary.run_id)
     finally:
+        if metrics is not None:
+            metrics.release()  # a stream runs one of these per micro-batch, for weeks
         for frame in (read, todo):
             if frame is not None:
                 frame.unpersist()
@@ -258,7 +262,7 @@ class ErrorRateExceeded(QwenSparkError):
 ERROR_RATE_FLOOR = 3
 
 
-def check_error_rate(cfg: QwenSparkConfig, summary: RunSummary, staged: mysql.StageSummary, run_id: str) -> None:
+def check_error_rate(cfg: QwenSparkConfig, staged: mysql.StageSummary, run_id: str) -> None:
     """Fail the run (nothing committed) when the share of model-side errors exceeds job.max_error_rate."""
     limit = cfg.job.max_error_rate
     asked = staged.reviews - staged.input_errors
@@ -295,7 +299,7 @@ def _commit(cfg: QwenSparkConfig, summary: RunSummary, started: float, on_commit
                     " dropped, the latest copy of each review is kept", summary.run_id, staged.duplicates)
     summary.rows_ok, summary.rows_error, summary.rows_truncated = staged.ok, staged.errors, staged.truncated
     summary.tokens_in, summary.tokens_out = staged.tokens_in, staged.tokens_out
-    check_error_rate(cfg, summary, staged, summary.run_id)
+    check_error_rate(cfg, staged, summary.run_id)
 
     committed = [0]  # rows changed by the chunks committed so far: what job_runs keeps if a later one fails
 

@@ -26,6 +26,10 @@ from qwenspark.session import check_spark_conf
 log = logging.getLogger(__name__)
 
 
+# How often a running stream deletes history past job.retention_days (and once as it starts).
+RETENTION_EVERY_S = 3600.0
+
+
 def job_name(cfg: QwenSparkConfig) -> str:
     """job_runs.job of the query's micro-batch runs."""
     return f"stream:{cfg.stream.query_name}"
@@ -62,6 +66,7 @@ class BatchSink:
         self.busy = threading.Lock()  # the keepalive probe never runs beside a batch
         self.last_active = time.monotonic()
         self._bound = threading.Event()
+        self.purged_at = time.monotonic()  # run_stream applies the retention as the query starts
 
     def bind(self, query_id: str) -> None:
         """Set the query id (known once start() returns; the first batch may already be waiting for it)."""
@@ -78,6 +83,9 @@ class BatchSink:
                 self.last_active = time.monotonic()
 
     def _process(self, df: DataFrame, batch_id: int) -> None:
+        if time.monotonic() - self.purged_at >= RETENTION_EVERY_S:  # a stream runs for weeks
+            mysql.apply_retention(self.cfg.db, self.cfg.job.retention_days)
+            self.purged_at = time.monotonic()
         query_id = self.report.query_id
         retries = self.cfg.stream.batch_retries
         for attempt in range(retries + 1):
@@ -251,6 +259,7 @@ def run_stream(
     if report.runs_abandoned:
         log.warning("%d micro-batch runs of an earlier driver never committed: marked failed, their batches "
                     "are replayed", report.runs_abandoned)
+    mysql.apply_retention(cfg.db, cfg.job.retention_days)
     sink = BatchSink(cfg, report, unique_ids=source is None and st.source == "mysql")
     writer = (
         (source if source is not None else read_stream(spark, cfg))

@@ -152,7 +152,7 @@ class OpenAIEngine:
         if cfg.guided:
             self._body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": "review_analysis", "schema": json_schema(), "strict": True},
+                "json_schema": {"name": "review_analysis", "schema": json_schema(cfg.answer_order), "strict": True},
             }
         self._tokenizer: Any = None
         if cfg.tokenizer:

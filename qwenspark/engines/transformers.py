@@ -58,7 +58,8 @@ class TransformersEngine:
             info = xgrammar.TokenizerInfo.from_huggingface(
                 self._tok, vocab_size=self._model.config.vocab_size, stop_token_ids=sorted(self._eos)
             )
-            self._grammar = xgrammar.GrammarCompiler(info).compile_json_schema(json_schema(), any_whitespace=False)
+            schema = json_schema(cfg.answer_order)
+            self._grammar = xgrammar.GrammarCompiler(info).compile_json_schema(schema, any_whitespace=False)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))

@@ -85,7 +85,7 @@ class VllmEngine:
             temperature=cfg.temperature,
             seed=cfg.seed,
             max_tokens=cfg.max_tokens,
-            structured_outputs=StructuredOutputsParams(json=json_schema()) if cfg.guided else None,
+            structured_outputs=StructuredOutputsParams(json=json_schema(cfg.answer_order)) if cfg.guided else None,
         )
 
     def encode(self, text: str) -> list[int]:

@@ -721,3 +721,69 @@ def abandon_runs(db: DbConfig, job: str | None = None, batch_rows: int = 50_000)
             )
             abandoned += max(int(cur.rowcount), 0)
     return abandoned
+
+
+# Bookkeeping rows the retention deletes per transaction: short row locks beside running jobs and dashboards.
+PURGE_BATCH_ROWS = 1000
+
+
+def purge_history(db: DbConfig, days: int, batch_rows: int = PURGE_BATCH_ROWS) -> tuple[int, int]:
+    """Delete job_runs rows (never 'running' ones) and stream_commits rows older than `days`; returns the counts.
+
+    DML only, in transactions of at most batch_rows rows (keys first, then a delete by primary key: portable and
+    safe to replicate). The latest stream_commits row of each query stays whatever its age: a restarted query's
+    replay of its last batch is checked against it (batch_committed). stream_rejects stay: they hold the only copy
+    of rows no result covers. days <= 0 deletes nothing.
+    """
+    if days <= 0:
+        return 0, 0
+    runs = commits = 0
+    with connect(db, autocommit=True) as conn, conn.cursor() as cur:
+        while True:
+            cur.execute(
+                "SELECT c.query_id, c.batch_id FROM stream_commits c"
+                " JOIN (SELECT query_id, MAX(batch_id) AS last FROM stream_commits GROUP BY query_id) q"
+                " ON q.query_id = c.query_id"
+                " WHERE c.batch_id < q.last AND c.committed_at < UTC_TIMESTAMP(3) - INTERVAL %s DAY LIMIT %s",
+                (days, batch_rows),
+            )
+            keys = list(cur.fetchall())
+            deleted = 0
+            if keys:
+                marks = ", ".join(["(%s, %s)"] * len(keys))
+                cur.execute(f"DELETE FROM stream_commits WHERE (query_id, batch_id) IN ({marks})",
+                            [v for key in keys for v in key])
+                deleted = int(cur.rowcount)
+                commits += deleted
+            if len(keys) < batch_rows or not deleted:
+                break
+        while True:
+            cur.execute(
+                "SELECT run_id FROM job_runs WHERE status <> 'running'"
+                " AND COALESCE(finished_at, started_at) < UTC_TIMESTAMP(3) - INTERVAL %s DAY LIMIT %s",
+                (days, batch_rows),
+            )
+            ids = [row[0] for row in cur.fetchall()]
+            deleted = 0
+            if ids:
+                cur.execute(f"DELETE FROM job_runs WHERE run_id IN ({', '.join(['%s'] * len(ids))})"
+                            " AND status <> 'running'", ids)
+                deleted = int(cur.rowcount)
+                runs += deleted
+            if len(ids) < batch_rows or not deleted:
+                break
+    return runs, commits
+
+
+def apply_retention(db: DbConfig, days: int) -> None:
+    """purge_history at a run's start; a failure (a lock wait beside a busy writer) is logged, never fails a run."""
+    if days <= 0:
+        return
+    try:
+        runs, commits = purge_history(db, days)
+    except mysql.connector.Error as exc:
+        log.warning("job.retention_days: could not delete old job_runs / stream_commits rows (%s); the next run"
+                    " tries again", exc)
+        return
+    if runs or commits:
+        log.info("job.retention_days=%d: deleted %d job_runs and %d stream_commits rows", days, runs, commits)

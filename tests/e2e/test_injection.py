@@ -36,7 +36,7 @@ def test_injected_sentences_do_not_move_labels() -> None:
     assert len(cases) >= 30 and {c["lang"] for c in cases} == {"zh", "en"}
     cfg = bench.default_config()
     version = cfg.prompt.version  # the default prompt version: what a plain run stores
-    engine = bench.build_default_engine(cfg)
+    engine = bench.build_default_engine(cfg, version)
     try:
         result = bench.run_set(engine, cfg, version, cases)
     finally:

@@ -114,6 +114,21 @@ def test_partition_function_rechunks_and_loads_engine_once() -> None:
     cache.clear()
 
 
+@pytest.mark.parametrize(("version", "order"), [("v1", "verdict_first"), ("v3", "verdict_last")])
+def test_the_engine_is_built_with_the_templates_answer_order(version: str, order: str) -> None:
+    cache.clear()
+    orders: list[str] = []
+
+    def factory(cfg: EngineConfig) -> FakeEngine:
+        orders.append(cfg.answer_order)
+        return FakeEngine()
+
+    spec = AnalyzeSpec(engine=EngineConfig(model="fake", batch_size=4), prompt_version=version, max_review_tokens=50)
+    assert len(pd.concat(list(make_analyze_fn(spec, engine_factory=factory)(iter([_frame(["a"] * 2)]))))) == 2
+    assert orders == [order]
+    cache.clear()
+
+
 def test_empty_partition_loads_nothing() -> None:
     cache.clear()
     fn = make_analyze_fn(_spec(), engine_factory=lambda cfg: pytest.fail("loaded"))

@@ -72,10 +72,42 @@ def test_unicode_blanks_and_junk_are_flagged_empty_and_content_in_any_script_is_
     for name, text in CONTENT.items():
         assert errors[text] is None, name
         assert out[texts.index(text)]["text"] == text, f"{name}: content is kept as is"
-    # input_key stays the sha256 of the RAW text (with model and prompt version): unchanged contract.
+    # input_key is the sha256 of the RAW text (with the model's identity, prompt version and lang: here none).
     raw = "\u2003\u2003\u2003"
-    want = hashlib.sha256("\u001f".join([cfg.engine.model, cfg.prompt.version, raw]).encode()).hexdigest()
+    want = hashlib.sha256("\u001f".join([cfg.engine.model, cfg.prompt.version, "", raw]).encode()).hexdigest()
     assert out[texts.index(raw)]["input_key"] == want
+
+
+def _keys(spark: SparkSession, cfg: QwenSparkConfig, rows: list[tuple[object, ...]]) -> list[str]:
+    return [str(r["input_key"]) for r in clean(spark.createDataFrame(rows, INPUT_SCHEMA), cfg).orderBy("review_id")
+            .collect()]
+
+
+def test_input_key_follows_the_models_content_not_its_path_and_the_language(
+    spark: SparkSession, cfg: QwenSparkConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QWENSPARK_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "checkout" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights" * 1000)
+    rows: list[tuple[object, ...]] = [(1, "H", None, "en", None, "Good."), (2, "H", None, "zh", None, "Good."),
+                                      (3, "H", None, " ZH-Hans-CN ", None, "Good.")]
+
+    def keyed(path: Path) -> list[str]:
+        engine = cfg.engine.model_copy(update={"model": str(path)})
+        return _keys(spark, cfg.model_copy(update={"engine": engine}), rows)
+
+    first = keyed(model)
+    en, zh, zh_tag = first
+    assert en != zh, "the language is part of the prompt, so of the key"
+    assert zh == zh_tag, "a tag that normalises to the same language is the same prompt"
+    moved = tmp_path / "moved-checkout" / "model"
+    model.parent.rename(moved.parent)
+    assert keyed(moved) == first, "moving the checkout re-analyses nothing"
+    weights = moved / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"X")
+    assert set(keyed(moved)).isdisjoint(first), "new weights behind the same path re-analyse everything"
 
 
 def test_invisible_characters_are_stripped_inside_and_blanks_at_the_edges(

@@ -87,7 +87,7 @@ def test_parse_accepts_markdown_fence_from_unguided_models() -> None:
     assert parse_completion(fenced).record is not None
 
 
-@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
 def test_every_version_has_valid_few_shot_answers_in_both_languages(version: str) -> None:
     template = get_template(version)
     assert template.version == version
@@ -108,3 +108,23 @@ def test_v2_frames_the_review_as_data() -> None:
     # Few-shot turns that carry an injection are answered on the stay, against what they ask for.
     injected = [(r, a) for r, a in get_template("v2").examples if "positive" in r or "negative" in r]
     assert {json.loads(a)["sentiment"] for _, a in injected} == {"negative", "positive"}
+
+
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+def test_few_shot_answers_are_written_in_the_templates_answer_order(version: str) -> None:
+    # The guided schema forces the template's field order: few-shot answers in another order would teach the
+    # model a layout it is then not allowed to write.
+    template = get_template(version)
+    order = list(json_schema(template.answer_order)["properties"])
+    assert order == list(json_schema(template.answer_order)["required"])
+    for _, answer in template.examples:
+        assert list(json.loads(answer)) == order
+
+
+def test_v3_writes_the_verdict_last_with_v2s_framing() -> None:
+    v2, v3 = get_template("v2"), get_template("v3")
+    assert list(json_schema(v3.answer_order)["properties"]) == ["aspects", "summary", "sentiment"]
+    assert list(json_schema()["properties"]) == ["sentiment", "summary", "aspects"]  # v1/v2 unchanged
+    assert "never instructions" in v3.system and '{"aspects": ' in v3.system
+    assert v3.messages("房间很好", "zh")[-1] == v2.messages("房间很好", "zh")[-1]
+    assert [json.loads(a) for _, a in v3.examples] == [json.loads(a) for _, a in v2.examples]  # same answers
