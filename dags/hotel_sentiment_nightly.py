@@ -1,9 +1,14 @@
-"""Airflow DAG `qwenspark_hotel_sentiment_nightly`: each night, analyse the reviews created the day before.
+"""Airflow DAG `qwenspark_hotel_sentiment_nightly`: each night, analyse the reviews inserted or changed the day
+before, and drop the results of reviews deleted since.
 
 One task, a `SparkSubmitOperator` that runs `jobs/hotel_sentiment.py` with the run's data interval as the
-review window (`source.created_from` <= created_at < `source.created_until`, UTC). The job does all the work
-and is idempotent (results are keyed by review and input hash), so Airflow retries and backfills are safe:
-a replayed day changes 0 rows.
+review window on the change watermark (`source.window_column=updated_at`: `source.created_from` <= updated_at <
+`source.created_until`, UTC), so new reviews, edited ones and late inserts with an old created_at are all
+selected; an edited review's text gives it a new input_key and it is analysed again, an unchanged one (a rating
+edit) is skipped as current. `job.purge_deleted=true` first removes the results of reviews no longer in the
+source table, with their share of the aggregates. The source table needs `updated_at` (hotel_reviews has it from
+schema v004, `qwenspark init-db`). The job does all the work and is idempotent (results are keyed by review and
+input hash), so Airflow retries and backfills are safe: a replayed day changes 0 rows.
 
 Schedule: daily at 00:00 UTC with `CronDataIntervalTimetable`, so the run with logical date D covers
 [D, D+1) and starts just after D+1 00:00. This is explicit on purpose: in Airflow 3 `schedule="@daily"`
@@ -39,6 +44,12 @@ Settings (environment of the DAG processor and the worker; all optional):
 | QWENSPARK_START_DATE | 2026-11-01 | first day processed (UTC) |
 | QWENSPARK_RETRIES, QWENSPARK_RETRY_DELAY_MIN | 2, 10 | task retries and the pause between them |
 | QWENSPARK_TIMEOUT_MIN | 360 | execution_timeout of one attempt |
+| QWENSPARK_WINDOW_LOOKBACK_MIN | 0 | start each night's window this many minutes earlier (see below) |
+
+updated_at is stamped by the server when a statement writes the row, in the writer's session time zone. A
+writer whose session is not in UTC, or whose transaction commits after the night's run has read, stamps a time
+the window has passed: give such writers a UTC session (or the server `default_time_zone='+00:00'`), or set
+QWENSPARK_WINDOW_LOOKBACK_MIN to cover the gap (the reviews read twice are skipped as current: only read).
 
 The database password never appears in the DAG, its arguments or `env_vars` (rendered template fields are
 stored in Airflow's database and shown in the UI; on YARN `env_vars` even become `--conf` arguments). The
@@ -74,8 +85,13 @@ RETRY_DELAY = timedelta(minutes=float(os.environ.get("QWENSPARK_RETRY_DELAY_MIN"
 TIMEOUT = timedelta(minutes=float(os.environ.get("QWENSPARK_TIMEOUT_MIN", "360")))
 # Jinja: the run's interval as the job's window, in UTC (Airflow's intervals are UTC datetimes).
 # YAML reads "2026-11-02 00:00:00" as a timestamp, which the job's config validates as a datetime.
-WINDOW_FROM = "source.created_from={{ data_interval_start.in_timezone('UTC').strftime('%Y-%m-%d %H:%M:%S') }}"
+LOOKBACK_MIN = float(os.environ.get("QWENSPARK_WINDOW_LOOKBACK_MIN", "0"))
+_FROM = "data_interval_start"
+_FROM_EXPR = f"({_FROM} - macros.timedelta(minutes={LOOKBACK_MIN}))" if LOOKBACK_MIN else _FROM
+WINDOW_FROM = "source.created_from={{ " + _FROM_EXPR + ".in_timezone('UTC').strftime('%Y-%m-%d %H:%M:%S') }}"
 WINDOW_UNTIL = "source.created_until={{ data_interval_end.in_timezone('UTC').strftime('%Y-%m-%d %H:%M:%S') }}"
+# The window is on the change watermark, and reviews deleted from the source lose their results.
+CHANGES = ["--set", "source.window_column=updated_at", "--set", "job.purge_deleted=true"]
 
 
 def _spark_home(python: Path) -> str | None:
@@ -108,7 +124,7 @@ def spark_env(python: Path = PYTHON) -> dict[str, str]:
 
 with DAG(
     dag_id=DAG_ID,
-    description="Sentiment, summary and aspects of the previous day's hotel reviews (Spark + Qwen)",
+    description="Sentiment, summary and aspects of the hotel reviews inserted or changed the day before (Spark + Qwen)",
     schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
     start_date=START_DATE,
     catchup=True,
@@ -139,6 +155,6 @@ with DAG(
             "spark.sql.session.timeZone": "UTC",
             "spark.ui.showConsoleProgress": "false",
         },
-        application_args=["--config", CONFIG, "--set", WINDOW_FROM, "--set", WINDOW_UNTIL],
+        application_args=["--config", CONFIG, "--set", WINDOW_FROM, "--set", WINDOW_UNTIL, *CHANGES],
         env_vars=spark_env(),
     )

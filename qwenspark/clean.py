@@ -86,12 +86,25 @@ def clean(reviews: DataFrame, cfg: QwenSparkConfig) -> DataFrame:
 
 
 def skip_done(cleaned: DataFrame, done: DataFrame, cfg: QwenSparkConfig) -> DataFrame:
-    """Drop rows whose stored result has the same input_key and is current: no error, or an error of the content
-    (CONTENT_ERROR_PREFIXES) unless job.retry_errors. Any other stored error is analysed again."""
+    """Drop rows whose stored result has the same input_key, hotel_id and created_at and is current: no error, or
+    an error of the content (CONTENT_ERROR_PREFIXES) unless job.retry_errors. Any other stored error is analysed
+    again. done: jdbc.read_done's columns."""
     if cfg.job.reprocess:
         return cleaned
     current = F.col("error").isNull()
     if not cfg.job.retry_errors:
         for prefix in CONTENT_ERROR_PREFIXES:
             current |= F.col("error").startswith(prefix)
-    return cleaned.join(done.where(current).select("review_id", "input_key"), ["review_id", "input_key"], "left_anti")
+    stored = done.where(current).select(
+        F.col("review_id").alias("done_id"), F.col("input_key").alias("done_key"),
+        F.col("hotel_id").alias("done_hotel"), F.col("review_created_at").alias("done_created"),
+    )
+    # A review edited into another hotel or day (same text) is not current: its result, and its share of the
+    # aggregates, belong to the old key until it is written again.
+    same = (
+        (cleaned["review_id"] == stored["done_id"])
+        & (cleaned["input_key"] == stored["done_key"])
+        & cleaned["hotel_id"].eqNullSafe(stored["done_hotel"])
+        & cleaned["created_at"].eqNullSafe(stored["done_created"])
+    )
+    return cleaned.join(stored, same, "left_anti")

@@ -1,4 +1,4 @@
-"""`qwenspark batch|stream|eval|init-db|load-reviews|fetch-model|config-template`: the command line."""
+"""`qwenspark batch|stream|eval|init-db|purge-deleted|load-reviews|fetch-model|config-template`: the command line."""
 
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="sampling seed for --limit")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     _config_args(sub.add_parser("init-db", help="create the tables and dashboard views"))
+    _config_args(sub.add_parser(
+        "purge-deleted",
+        help="remove the results of reviews deleted from source.table, and their share of the aggregates (what "
+        "job.purge_deleted does at the start of a batch run); only where source.table holds every analysed review"))
     ld = sub.add_parser("load-reviews", help="insert reviews from a CSV into hotel_reviews (idempotent)")
     _config_args(ld)
     ld.add_argument("--input", type=Path, default=Path("data/demo/hotel_reviews_demo.csv"))
@@ -187,6 +191,16 @@ def _init_db(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _purge_deleted(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark.io.migrate import require_current
+    from qwenspark.io.mysql import purge_deleted
+
+    require_current(cfg.db)
+    purged = purge_deleted(cfg.db, cfg.source, chunk_rows=cfg.sink.commit_chunk_rows)
+    print(f"{purged} result(s) of reviews no longer in {cfg.source.table} removed, with their share of the aggregates")
+    return 0
+
+
 def _load_reviews(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     from qwenspark.io.migrate import require_current
     from qwenspark.io.mysql import load_reviews_csv
@@ -209,6 +223,7 @@ _COMMANDS = {
     "stream": _stream,
     "eval": _eval,
     "init-db": _init_db,
+    "purge-deleted": _purge_deleted,
     "load-reviews": _load_reviews,
     "fetch-model": _fetch_model,
 }

@@ -125,16 +125,24 @@ class SourceConfig(_Section):
     fetchsize: int = Field(10_000, ge=1, description="JDBC fetch size.")
     min_id: int | None = Field(None, description="Only reviews with review_id >= min_id.")
     max_id: int | None = Field(None, description="Only reviews with review_id <= max_id.")
+    window_column: Literal["created_at", "updated_at"] = Field(
+        "created_at",
+        description="The column created_from/created_until bound. created_at: reviews written in the window; "
+        "updated_at (what the nightly DAG uses): reviews inserted OR changed in it, so edits and late inserts with "
+        "an old created_at are caught. updated_at must be maintained by the table's DDL (hotel_reviews has it from "
+        "schema v004: DATETIME(3) DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3), in UTC).",
+    )
     created_from: datetime | None = Field(
         None,
-        description="Only reviews with created_at >= this. Held as an aware UTC datetime: a value without an offset "
-        "(2026-11-01 16:00:00, or a date: its midnight) is UTC, whatever the driver's time zone; one with an offset "
-        "(2026-11-01T16:00:00+08:00) is converted to UTC. created_at is compared as UTC.",
+        description="Only reviews with window_column >= this (the name is from when only created_at was windowed). "
+        "Held as an aware UTC datetime: a value without an offset (2026-11-01 16:00:00, or a date: its midnight) is "
+        "UTC, whatever the driver's time zone; one with an offset (2026-11-01T16:00:00+08:00) is converted to UTC. "
+        "The column is compared as UTC.",
     )
     created_until: datetime | None = Field(
         None,
-        description="Only reviews with created_at < this; read as created_from (no offset: UTC; an offset: converted "
-        "to UTC).",
+        description="Only reviews with window_column < this; read as created_from (no offset: UTC; an offset: "
+        "converted to UTC).",
     )
 
     @field_validator("created_from", "created_until", mode="before")
@@ -384,6 +392,13 @@ class JobConfig(_Section):
         "for which the run still commits. "
         "Above it the run fails with a non-zero exit and commits nothing; input errors (empty:, invalid:) do not "
         "count, in the share or in its denominator. 0: any model error fails the run; 1: never fails on errors.",
+    )
+    purge_deleted: bool = Field(
+        False,
+        description="Batch runs first remove the results of reviews no longer in source.table (hard deletes), with "
+        "their share of hotel_sentiment_daily and aspect_sentiment, in chunks of sink.commit_chunk_rows (within "
+        "source.min_id/max_id when set; job_runs.rows_purged counts them). Only where source.table holds every "
+        "analysed review: not for results of the stream's files source. The nightly DAG turns it on.",
     )
     cores_per_slot: int | None = Field(
         None,

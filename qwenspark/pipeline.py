@@ -42,6 +42,7 @@ class RunSummary:
     rows_truncated: int = 0
     rows_changed: int = 0  # review_sentiment rows this run wrote
     rows_stale: int = 0  # reviews it analysed but did not write: a run that read newer input had stored them
+    rows_purged: int = 0  # results of reviews gone from the source table, removed (job.purge_deleted)
     input_seq: int | None = None  # taken before the run read its input (the staleness guard of the commit)
     commit_seq: int | None = None  # taken inside its last commit transaction (commit order, the Delta version)
     tokens_in: int = 0
@@ -135,7 +136,7 @@ def run_batch(spark: SparkSession, cfg: QwenSparkConfig, job: str = "batch") -> 
         return Selection(jdbc.read_reviews(spark, cfg, lo, hi) if rows else None, lo, hi, rows)
 
     mysql.apply_retention(cfg.db, cfg.job.retention_days)  # old job_runs / stream_commits rows, DML only
-    return run_tracked(spark, cfg, job, select)
+    return run_tracked(spark, cfg, job, select, purge=cfg.job.purge_deleted)
 
 
 def run_tracked(
@@ -146,11 +147,13 @@ def run_tracked(
     on_commit: CommitHook | None = None,
     *,
     input_seq: int | None = None,
+    purge: bool = False,
 ) -> RunSummary:
     """A job_runs-tracked run over select()'s rows; raises after marking the run failed if anything goes wrong.
 
     input_seq: the version of the run's input (mysql.INPUT_SEQ), taken before anything of it was read; taken here,
     before select(), when None. A caller that reads its input before calling (the stream) takes it itself.
+    purge: first remove the results of reviews no longer in source.table (purge_deleted; batch runs only).
 
     The driver holds the run's lease (a named lock, mysql.run_lease) from before the run is recorded until it
     ends, and first marks failed the runs whose drivers died without committing (their leases are free),
@@ -181,6 +184,10 @@ def run_tracked(
                         abandoned)
         log.info("run %s started (config %s)", summary.run_id, cfg.config_hash())
         try:
+            if purge:
+                summary.rows_purged = mysql.purge_deleted(cfg.db, cfg.source, chunk_rows=cfg.sink.commit_chunk_rows)
+                log.info("%d result(s) of reviews deleted from %s purged, with their share of the aggregates",
+                         summary.rows_purged, cfg.source.table)
             _run(spark, cfg, summary, started, sel=select(), on_commit=on_commit, lease=lease)
         except BaseException as exc:
             summary.status = "failed"

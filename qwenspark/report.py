@@ -21,6 +21,7 @@ qwenspark run {s.run_id}: {s.status}
   analysed             {s.rows_analysed}  ({s.rows_ok} ok, {s.rows_error} with an error, {s.rows_truncated} truncated)
   result rows changed  {s.rows_changed}
   stale, not written   {s.rows_stale}  (a run that read newer input had stored them)
+  results purged       {s.rows_purged}  (reviews deleted from {cfg.source.table}; job.purge_deleted)
   engine               {cfg.engine.kind} {cfg.engine.model}
                        loaded {s.engine_loads}x, {s.engine_batches} batches, sizes {s.batch_sizes or "-"}
   throughput           {rate:.2f} reviews/s, {tok_rate:.1f} generated tokens/s (analysis stage)

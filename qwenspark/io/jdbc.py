@@ -49,17 +49,19 @@ def source_predicate(cfg: QwenSparkConfig) -> str:
         clauses.append(f"review_id >= {int(src.min_id)}")
     if src.max_id is not None:
         clauses.append(f"review_id <= {int(src.max_id)}")
+    column = src.window_column  # one of two names (a Literal in the config): safe to write into the SQL
     if src.created_from is not None:
-        clauses.append(f"created_at >= {sql_datetime(src.created_from)}")
+        clauses.append(f"{column} >= {sql_datetime(src.created_from)}")
     if src.created_until is not None:
-        clauses.append(f"created_at < {sql_datetime(src.created_until)}")
+        clauses.append(f"{column} < {sql_datetime(src.created_until)}")
     return " AND ".join(clauses)
 
 
 def id_bounds(cfg: QwenSparkConfig) -> tuple[int, int, int]:
     """(min id, max id, rows) of the selected reviews, read once so the run's range is fixed at its start.
 
-    Also checks that the source table has the columns the job reads (a clear error before Spark reads it).
+    Also checks that the source table has the columns the job reads and the window column (a clear error before
+    Spark reads it).
     """
     table = cfg.source.table
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
@@ -69,6 +71,11 @@ def id_bounds(cfg: QwenSparkConfig) -> tuple[int, int, int]:
         missing = [c for c in INPUT_SCHEMA.fieldNames() if c not in have]
         if missing:
             raise SourceError(f"source.table {table} lacks columns {missing}")
+        if cfg.source.window_column not in have:
+            raise SourceError(
+                f"source.table {table} has no column {cfg.source.window_column} (source.window_column): hotel_reviews "
+                "gets it from `qwenspark init-db` (schema v004); a table of your own needs `updated_at DATETIME(3) "
+                "NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3)` and an index on it")
         cur.execute(f"SELECT MIN(review_id), MAX(review_id), COUNT(*) FROM {table} WHERE {source_predicate(cfg)}")
         lo, hi, n = cur.fetchone()
     return (int(lo), int(hi), int(n)) if n else (0, -1, 0)
@@ -119,9 +126,19 @@ def read_reviews(spark: SparkSession, cfg: QwenSparkConfig, lo: int, hi: int) ->
 
 
 def read_done(spark: SparkSession, cfg: QwenSparkConfig, lo: int, hi: int) -> DataFrame:
-    """(review_id, input_key, error) of results already stored for the id range."""
-    df = _partitioned(spark, cfg, "review_sentiment", lo, hi)
-    return df.where((F.col("review_id") >= lo) & (F.col("review_id") <= hi)).select("review_id", "input_key", "error")
+    """(review_id, input_key, error, hotel_id, review_created_at) of results already stored for the id range.
+
+    review_created_at crosses as text and is parsed as read_reviews parses created_at: a DATETIME stored as it was
+    read compares equal to the source's, whatever its value (zero dates: NULL on both sides).
+    """
+    query = (
+        "(SELECT review_id, input_key, error, hotel_id, CAST(review_created_at AS CHAR) AS review_created_at"
+        f" FROM review_sentiment WHERE review_id BETWEEN {int(lo)} AND {int(hi)}) AS qwenspark_done"
+    )
+    df = _partitioned(spark, cfg, query, lo, hi)
+    created = INPUT_SCHEMA["created_at"].dataType
+    return df.select("review_id", "input_key", "error", "hotel_id",
+                     F.col("review_created_at").try_cast(created).alias("review_created_at"))
 
 
 def write_stage(df: DataFrame, cfg: QwenSparkConfig) -> None:

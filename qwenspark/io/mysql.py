@@ -19,7 +19,7 @@ import mysql.connector
 from mysql.connector.constants import ClientFlag
 from pydantic import SecretStr
 
-from qwenspark.config import DbConfig
+from qwenspark.config import DbConfig, SourceConfig
 from qwenspark.errors import SinkError, SourceError
 from qwenspark.faults import failpoint
 from qwenspark.io.migrations.v003_result_versions import SEQUENCE_TABLE
@@ -27,6 +27,7 @@ from qwenspark.io.migrations.v003_result_versions import SEQUENCE_TABLE
 log = logging.getLogger(__name__)
 
 Connection = Any  # mysql.connector's connection classes share no public base type
+T = TypeVar("T")
 
 
 def sql_text(name: str) -> str:
@@ -333,6 +334,7 @@ def commit_chunk(
         cur.execute("SELECT COUNT(*), COALESCE(SUM(is_new), 0), COALESCE(@stale_rows, 0) FROM tmp_chunk")
         changed_rows, new_rows, stale_rows = (int(v) for v in cur.fetchone())
         if changed_rows:
+            run("delta_tables")
             run("deltas")
             if changed_rows > new_rows:
                 run("old")
@@ -357,9 +359,6 @@ def _session(conn: Connection) -> None:
     # two chunks inserting beside each other would deadlock on. Other runs do not commit meanwhile (COMMIT_LOCK).
     with conn.cursor() as cur:
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-
-
-T = TypeVar("T")
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -443,12 +442,7 @@ def commit_run(
     """
     with connect(db) as conn:
         _session(conn)
-        lock = f"{COMMIT_LOCK}{db.database}"[:64]
-        with conn.cursor() as cur:
-            cur.execute("SELECT GET_LOCK(%s, %s)", (lock, COMMIT_LOCK_TIMEOUT_S))
-            if cur.fetchone()[0] != 1:
-                raise SinkError(f"run {run_id}: another run held the commit lock for {COMMIT_LOCK_TIMEOUT_S} s")
-        try:
+        with holding_commit_lock(conn, db, f"run {run_id}"):
             conn.rollback()  # a fresh snapshot sees all that Spark committed
             chunks = plan_chunks(conn, run_id, chunk_rows)
             conn.rollback()
@@ -472,13 +466,6 @@ def commit_run(
                 if finish is not None:
                     hook = finish
                     in_transaction(conn, f"run {run_id}: finish", lambda: hook(conn, counts))
-        finally:
-            try:
-                with conn.cursor() as cur:
-                    cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
-                    cur.fetchall()
-            except mysql.connector.Error:  # the session is gone, and the lock with it
-                log.debug("run %s: commit lock not released explicitly", run_id, exc_info=True)
     log.info("run %s: %d staged chunk(s) committed, %d rows changed, %d stale", run_id, len(chunks), *counts)
     return counts
 
@@ -540,6 +527,94 @@ def _commit_chunks(
     if errors:
         raise errors[0]
     return totals[0]
+
+
+def commit_lock_name(db: DbConfig) -> str:
+    """The named lock under which one writer at a time changes review_sentiment and the aggregates on db."""
+    return f"{COMMIT_LOCK}{db.database}"[:64]
+
+
+@contextmanager
+def holding_commit_lock(conn: Connection, db: DbConfig, what: str) -> Iterator[None]:
+    """Hold the commit lock on conn while the block runs (waits up to COMMIT_LOCK_TIMEOUT_S for a commit)."""
+    lock = commit_lock_name(db)
+    with conn.cursor() as cur:
+        cur.execute("SELECT GET_LOCK(%s, %s)", (lock, COMMIT_LOCK_TIMEOUT_S))
+        if cur.fetchone()[0] != 1:
+            raise SinkError(f"{what}: another run held the commit lock for {COMMIT_LOCK_TIMEOUT_S} s")
+    try:
+        yield
+    finally:
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
+                cur.fetchall()
+        except mysql.connector.Error:  # the session is gone, and the lock with it
+            log.debug("%s: commit lock not released explicitly", what, exc_info=True)
+
+
+@functools.cache
+def _purge_sections() -> dict[str, list[str]]:
+    return script_sections(sql_text("purge.sql"))
+
+
+# tmp_chunk's statements in upsert.sql's @changes: the purge fills the same table, which @old reads.
+_CHUNK_DDL = ("DROP TEMPORARY TABLE IF EXISTS tmp_chunk", "SET SESSION max_heap_table_size",
+              "CREATE TEMPORARY TABLE tmp_chunk")
+
+
+def purge_deleted(db: DbConfig, source: SourceConfig, *, chunk_rows: int) -> int:
+    """Remove the results of reviews that no longer exist in source.table (within source.min_id/max_id); how many.
+
+    Hard deletes leave a review's result and its share of hotel_sentiment_daily / aspect_sentiment behind. Each
+    chunk of at most chunk_rows such results is ONE transaction: upsert.sql's @old subtracts their stored
+    versions, sql/purge.sql deletes them, @apply applies the deltas (keys left with no review are deleted), so the
+    aggregates match review_sentiment after every chunk. Each chunk holds the commit lock: no run commits during
+    it, so the stored versions subtracted are the ones deleted; between chunks the lock is free, so a stream's
+    micro-batches are not held up by a long purge. Each purged review gets a tombstone (review_tombstones, with
+    an input sequence value taken as the purge starts): a run that read the review before it was deleted and
+    commits after the purge does not write it back (counted stale). A review re-inserted into the source is new
+    to the next run, which read it after the purge. One deleted while a run that read it commits, before any
+    purge saw it, keeps that result until the next purge.
+    """
+    upsert, purge = _upsert_sections(), _purge_sections()
+    chunk_ddl = [stmt for stmt in upsert["changes"] if stmt.startswith(_CHUNK_DDL)]
+    select = [stmt.replace("{source}", source.table) for stmt in purge["select"]]
+    hi = MAX_REVIEW_ID if source.max_id is None else source.max_id
+    params: dict[str, Any] = {"limit": chunk_rows, "hi": hi, "heap_bytes": (1 << 20) + 64 * chunk_rows,
+                              "input_seq": take_seq(db, INPUT_SEQ)}
+    purged = 0
+    with connect(db) as conn:
+        _session(conn)
+        start = MIN_REVIEW_ID if source.min_id is None else source.min_id
+        while start <= hi:
+            params["lo"] = start
+
+            def chunk() -> tuple[int, int, int]:
+                with conn.cursor() as cur:
+                    for stmt in [*chunk_ddl, *upsert["delta_tables"], *select]:
+                        cur.execute(stmt, params if "%(" in stmt else None)
+                    cur.execute("SELECT COUNT(*), MAX(review_id) FROM tmp_chunk")
+                    found, last = cur.fetchone()
+                    if not found:
+                        return 0, 0, hi
+                    for stmt in upsert["old"]:
+                        cur.execute(stmt, params if "%(" in stmt else None)
+                    for stmt in purge["delete"]:
+                        cur.execute(stmt, params if "%(" in stmt else None)
+                    deleted = int(cur.rowcount)  # the DELETE's, the last statement
+                    for stmt in upsert["apply"]:
+                        cur.execute(stmt, params if "%(" in stmt else None)
+                return int(found), deleted, int(last)
+
+            what = f"purge of deleted reviews from review_id {start}"
+            with holding_commit_lock(conn, db, what):
+                found, deleted, last = in_transaction(conn, what, chunk)
+            purged += deleted
+            if found < chunk_rows or last >= hi:  # the scan reached hi
+                break
+            start = last + 1
+    return purged
 
 
 def _delete_stage(conn: Connection, run_id: str, batch_rows: int) -> int:
@@ -711,7 +786,8 @@ PURGE_BATCH_ROWS = 1000
 
 
 def purge_history(db: DbConfig, days: int, batch_rows: int = PURGE_BATCH_ROWS) -> tuple[int, int]:
-    """Delete job_runs rows (never 'running' ones) and stream_commits rows older than `days`; returns the counts.
+    """Delete job_runs rows (never 'running' ones), stream_commits rows and review_tombstones older than `days`;
+    returns the counts of the first two.
 
     DML only, in transactions of at most batch_rows rows (keys first, then a delete by primary key: portable and
     safe to replicate). The latest stream_commits row of each query stays whatever its age: a restarted query's
@@ -755,6 +831,12 @@ def purge_history(db: DbConfig, days: int, batch_rows: int = PURGE_BATCH_ROWS) -
                 runs += deleted
             if len(ids) < batch_rows or not deleted:
                 break
+        # Tombstones only matter to runs that read their review before the purge: none is older than `days`
+        # unless it is still running (a run's lease ends with its driver).
+        cur.execute(
+            "DELETE FROM review_tombstones WHERE purged_at < UTC_TIMESTAMP(3) - INTERVAL %s DAY"
+            " AND input_seq < COALESCE((SELECT MIN(input_seq) FROM job_runs WHERE status = 'running'), %s)"
+            " LIMIT %s", (days, MAX_REVIEW_ID, batch_rows))
     return runs, commits
 
 

@@ -2,6 +2,8 @@
 -- The column lists of review_sentiment and review_sentiment_stage follow qwenspark.schemas.RESULT_SCHEMA
 -- (a test holds them to it). utf8mb4 everywhere: reviews are Chinese and English, with emoji.
 
+-- hotel_reviews.updated_at (the change watermark the nightly run selects on) and job_runs.rows_purged come from
+-- migration v004 (qwenspark/io/migrations/v004_change_watermark.py): this file is the frozen v001 baseline.
 CREATE TABLE IF NOT EXISTS hotel_reviews (
   review_id   BIGINT       NOT NULL PRIMARY KEY,
   hotel_id    VARCHAR(64)  NOT NULL,

@@ -16,14 +16,32 @@
 -- (tests/spark/test_sink_commit.py holds them to it), at a cost proportional to the reviews that change rather than
 -- to all the reviews stored for the touched keys, and with no JSON parsed for reviews that did not change.
 --
--- Sections (`-- @name`) run in order; commit_chunk skips @deltas to @apply when no review of the chunk changes,
--- and @old when every changed review is new.
+-- Sections (`-- @name`) run in this order: @changes, then, unless no review of the chunk changes, the
+-- sections @delta_tables, @deltas, @old (skipped when every changed review is new), @upsert and @apply; then
+-- the section @spent. The purge of deleted reviews (sql/purge.sql, mysql.purge_deleted) reuses three of them:
+-- the temporary tables of @delta_tables, the subtraction of @old and the application of @apply.
+
+-- @delta_tables
+-- 0. The aggregates' deltas, per (hotel, day) and per (hotel, day, aspect): filled by @deltas (+ new versions)
+--    and @old (- stored versions), applied by @apply. hotel_id is held as bytes: ids compare exactly (schema v002),
+--    on MySQL and MariaDB alike, whatever the session's collation.
+DROP TEMPORARY TABLE IF EXISTS tmp_daily_delta;
+CREATE TEMPORARY TABLE tmp_daily_delta (
+  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, reviews INT NOT NULL, analysed INT NOT NULL,
+  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, mixed INT NOT NULL, errors INT NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+DROP TEMPORARY TABLE IF EXISTS tmp_aspect_delta;
+CREATE TEMPORARY TABLE tmp_aspect_delta (
+  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, aspect VARCHAR(32) NOT NULL, mentions INT NOT NULL,
+  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, KEY (hotel_id, day, aspect)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 
 -- @changes
 -- 1. The chunk's reviews that change review_sentiment: the latest staged copy of each review (highest
 --    stage_seq), kept when the review is new or any column differs in any byte from the stored row (an identical
 --    row is what a replay stages: it is neither written nor counted), and the stored row is not newer (the
---    staleness guard). Chunks run at READ COMMITTED; the stored rows are locked first, so what is read here stays
+--    staleness guard), and the review was not purged after the run read it (review_tombstones: the run read it
+--    before it was deleted from the source; writing it back would resurrect a deleted review). Chunks run at READ COMMITTED; the stored rows are locked first, so what is read here stays
 --    as read until the upsert, even beside a writer that does not take commit_run's named lock. (A row INSERTED
 --    meanwhile by such a writer cannot be locked in advance: commit_chunk sees it in the upsert's affected rows
 --    and the chunk is rolled back and tried again.)
@@ -35,8 +53,10 @@ CREATE TEMPORARY TABLE tmp_chunk_ids (review_id BIGINT NOT NULL PRIMARY KEY) ENG
 INSERT IGNORE INTO tmp_chunk_ids (review_id)
 SELECT review_id FROM review_sentiment_stage WHERE run_id = %(run_id)s AND review_id BETWEEN %(lo)s AND %(hi)s;
 SELECT COUNT(*) FROM tmp_chunk_ids t JOIN review_sentiment r ON r.review_id = t.review_id FOR UPDATE;
-SET @stale_rows = (SELECT COUNT(*) FROM tmp_chunk_ids t JOIN review_sentiment r ON r.review_id = t.review_id
-  WHERE r.input_seq > COALESCE(%(input_seq)s, 0));
+SET @stale_rows = (SELECT COUNT(*) FROM tmp_chunk_ids t
+  LEFT JOIN review_sentiment r ON r.review_id = t.review_id
+  LEFT JOIN review_tombstones d ON d.review_id = t.review_id
+  WHERE r.input_seq > COALESCE(%(input_seq)s, 0) OR d.input_seq > COALESCE(%(input_seq)s, 0));
 DROP TEMPORARY TABLE IF EXISTS tmp_chunk;
 CREATE TEMPORARY TABLE tmp_chunk (
   review_id BIGINT          NOT NULL PRIMARY KEY,
@@ -51,6 +71,8 @@ WHERE s.run_id = %(run_id)s AND s.review_id BETWEEN %(lo)s AND %(hi)s
   AND (%(dedupe)s = 0 OR s.stage_seq = (SELECT MAX(d.stage_seq) FROM review_sentiment_stage d
                                        WHERE d.run_id = s.run_id AND d.review_id = s.review_id))
   AND (r.review_id IS NULL OR r.input_seq IS NULL OR COALESCE(%(input_seq)s, 0) >= r.input_seq)
+  AND NOT EXISTS (SELECT 1 FROM review_tombstones d WHERE d.review_id = s.review_id
+                  AND d.input_seq > COALESCE(%(input_seq)s, 0))
   AND (r.review_id IS NULL OR NOT (
     CAST(r.hotel_id AS BINARY) <=> CAST(s.hotel_id AS BINARY) AND r.review_created_at <=> s.review_created_at
     AND CAST(r.lang AS BINARY) <=> CAST(s.lang AS BINARY) AND CAST(r.input_key AS BINARY) <=> CAST(s.input_key AS BINARY)
@@ -63,19 +85,8 @@ WHERE s.run_id = %(run_id)s AND s.review_id BETWEEN %(lo)s AND %(hi)s
     AND r.analysed_at <=> s.analysed_at AND CAST(r.run_id AS BINARY) <=> CAST(s.run_id AS BINARY)));
 
 -- @deltas
--- 2. Contributions to the aggregates, per (hotel, day) and per (hotel, day, aspect) from the aspects JSON of
---    analysed reviews (error IS NULL): + the new versions here, - the old versions in @old. hotel_id is held as
---    bytes: ids compare exactly (schema v002), on MySQL and MariaDB alike, whatever the session's collation.
-DROP TEMPORARY TABLE IF EXISTS tmp_daily_delta;
-CREATE TEMPORARY TABLE tmp_daily_delta (
-  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, reviews INT NOT NULL, analysed INT NOT NULL,
-  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, mixed INT NOT NULL, errors INT NOT NULL
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
-DROP TEMPORARY TABLE IF EXISTS tmp_aspect_delta;
-CREATE TEMPORARY TABLE tmp_aspect_delta (
-  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, aspect VARCHAR(32) NOT NULL, mentions INT NOT NULL,
-  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, KEY (hotel_id, day, aspect)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
+-- 2. Contributions to the aggregates (tables of @delta_tables), per (hotel, day) and per (hotel, day, aspect) from
+--    the aspects JSON of analysed reviews (error IS NULL): + the new versions here, - the old versions in @old.
 INSERT INTO tmp_daily_delta (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors)
 SELECT s.hotel_id, DATE(s.review_created_at), COUNT(*), SUM(s.error IS NULL), SUM(s.sentiment <=> 'positive'),
   SUM(s.sentiment <=> 'negative'), SUM(s.sentiment <=> 'neutral'), SUM(s.sentiment <=> 'mixed'), SUM(s.error IS NOT NULL)

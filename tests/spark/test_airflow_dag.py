@@ -1,7 +1,8 @@
 """The nightly DAG through real Airflow (`scripts/airflow-test.sh` -> `airflow dags test` -> SparkSubmitOperator
 -> spark-submit jobs/hotel_sentiment.py) against the test MariaDB and the echo engine (tests/support/echo_engine.py:
-the DAG's interval, the job's window and the replay are tested here, not the model). spark-submit runs in .venv with
-the repo root on PYTHONPATH, inherited through Airflow, so that its Python workers import the echo engine.
+the DAG's interval, the job's window on updated_at, the replay, edits and deletes are tested here, not the model).
+spark-submit runs in .venv with the repo root on PYTHONPATH, inherited through Airflow, so that its Python workers
+import the echo engine.
 
 Airflow lives in its own venv (.venv-airflow, created by the script on first use: about 1-2 min); each DAG run
 then costs about 30-40 s (Airflow start, spark-submit).
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from qwenspark.config import QwenSparkConfig
+from qwenspark.io import mysql
 from tests.spark.conftest import echo_records, load_reviews, query, recording, reset_tables, snapshot
 
 pytestmark = [
@@ -64,6 +66,11 @@ def _reviews(dev: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _execute(cfg: QwenSparkConfig, sql: str) -> None:
+    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+
+
 def _write_config(cfg: QwenSparkConfig, path: Path) -> Path:
     """The test config as YAML for the job under spark-submit; the password stays in db.password_file."""
     assert cfg.db.password_file is not None, "the job must find the password in db.password_file"
@@ -73,10 +80,11 @@ def _write_config(cfg: QwenSparkConfig, path: Path) -> Path:
     return path
 
 
-def _run_dag(config: Path, airflow_home: Path) -> str:
-    """scripts/airflow-test.sh for LOGICAL_DATE; its whole output (the task log included) on success."""
+def _run_dag(config: Path, airflow_home: Path, **settings: str) -> str:
+    """scripts/airflow-test.sh for LOGICAL_DATE (settings: the DAG's QWENSPARK_* variables); its whole output
+    (the task log included) on success."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "QWENSPARK_DB_PASSWORD"))}
-    env.update(QWENSPARK_CONFIG=str(config), AIRFLOW_HOME=str(airflow_home))
+    env.update(QWENSPARK_CONFIG=str(config), AIRFLOW_HOME=str(airflow_home), **settings)
     # The job's Python workers import tests.support.echo_engine: the repo root goes on their path. The task's
     # spark-submit inherits Airflow's environment (env_vars only add to it), and so do Spark's Python workers.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
@@ -89,7 +97,7 @@ def _run_dag(config: Path, airflow_home: Path) -> str:
     return output
 
 
-def test_nightly_dag_processes_its_day_once_then_replays_idempotently(
+def test_nightly_dag_processes_its_day_once_replays_idempotently_then_catches_edits_and_deletes(
     echo_cfg: QwenSparkConfig, dev_reviews: pd.DataFrame, tmp_path: Path
 ) -> None:
     records = tmp_path / "echo"
@@ -97,6 +105,8 @@ def test_nightly_dag_processes_its_day_once_then_replays_idempotently(
     reset_tables(cfg)
     reviews = _reviews(dev_reviews)
     load_reviews(cfg, reviews, tmp_path)
+    # The DAG windows on the change watermark: here each review was last written when it was created.
+    _execute(cfg, "UPDATE hotel_reviews SET updated_at = created_at")
     config = _write_config(cfg, tmp_path / "airflow-test.yaml")
     # One Airflow home per test run: a fresh SQLite DB, so the dag_run rows below are this test's only.
     airflow_home = tmp_path / "airflow"
@@ -133,3 +143,20 @@ def test_nightly_dag_processes_its_day_once_then_replays_idempotently(
     )
     assert len(runs2) == 2 and tuple(runs2[1]) == ("succeeded", 4, 0, 4, 0), runs2
     assert snapshot(cfg) == before, "the replayed day leaves the result tables identical"
+
+    # During the day: review 6 edited (its new text analysed again), review 5 deleted (its result purged). Run
+    # again with a 60-minute lookback: the window starts at 11-01 23:00, so reviews 3 and 4 (updated_at 23:00:00
+    # and 23:59:59) come in too.
+    _execute(cfg, "UPDATE hotel_reviews SET text = 'Dirty carpet, rude staff.', updated_at = '2026-11-02 20:00:00'"
+                  " WHERE review_id = 6")
+    _execute(cfg, "DELETE FROM hotel_reviews WHERE review_id = 5")
+    _run_dag(config, airflow_home, QWENSPARK_WINDOW_LOOKBACK_MIN="60")
+    ids = [r[0] for r in query(cfg, "SELECT review_id FROM review_sentiment ORDER BY review_id")]
+    assert ids == [3, 4, 6, 7, 8]
+    assert query(cfg, "SELECT sentiment, summary FROM review_sentiment WHERE review_id = 6") == [
+        ("negative", "Dirty carpet, rude staff.")]
+    assert sum(c["rows"] for c in echo_records(records)) == 4 + 3, "3, 4 and the edited 6 reached the engine"
+    runs3 = query(cfg, "SELECT status, rows_selected, rows_analysed, rows_changed, rows_purged FROM job_runs"
+                       " ORDER BY started_at")
+    assert tuple(runs3[2]) == ("succeeded", 5, 3, 3, 1), runs3
+    assert sum(int(r[0]) for r in query(cfg, "SELECT reviews FROM hotel_sentiment_daily")) == 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -152,8 +153,12 @@ def test_invalid_utf8_never_reaches_arrow(spark: SparkSession, cfg: QwenSparkCon
     assert row["text"].startswith("good ") and row["text"].endswith(" room")
 
 
+DONE_SCHEMA = "review_id long, input_key string, error string, hotel_id string, review_created_at timestamp"
+
+
 def _done(spark: SparkSession, rows: list[tuple[int, str, str | None]]) -> DataFrame:
-    return spark.createDataFrame(rows, "review_id long, input_key string, error string")
+    """jdbc.read_done's columns: stored results of hotel H, created_at NULL (as the cleaned rows below)."""
+    return spark.createDataFrame([(*r, "H", None) for r in rows], DONE_SCHEMA)
 
 
 @pytest.mark.parametrize("retry_errors", [False, True])
@@ -176,3 +181,16 @@ def test_skip_done_keeps_only_content_errors_as_current(
     job = cfg.job.model_copy(update={"retry_errors": retry_errors})
     todo = sorted(int(r["review_id"]) for r in skip_done(cleaned, done, cfg.model_copy(update={"job": job})).collect())
     assert todo == ([2, 3, 4, 5, 6, 7, 8] if retry_errors else [6, 7, 8])
+
+
+def test_skip_done_analyses_a_review_moved_to_another_hotel_or_day(spark: SparkSession, cfg: QwenSparkConfig) -> None:
+    """Same text, but the review was edited into another hotel (an exact id: case counts) or day: not current."""
+    day = datetime(2026, 11, 2, 10, 0)
+    hotels = {1: "H1", 2: "H1", 3: "H1", 4: "h1", 5: None}
+    cleaned = clean(spark.createDataFrame([(i, h, day, "en", None, "ok") for i, h in hotels.items()], INPUT_SCHEMA),
+                    cfg)
+    keys = {int(r["review_id"]): r["input_key"] for r in cleaned.collect()}
+    stored = {1: ("H1", day), 2: ("H2", day), 3: ("H1", day - timedelta(days=1)), 4: ("H1", day), 5: (None, day)}
+    done = spark.createDataFrame([(i, keys[i], None, h, at) for i, (h, at) in stored.items()], DONE_SCHEMA)
+    todo = sorted(int(r["review_id"]) for r in skip_done(cleaned, done, cfg).collect())
+    assert todo == [2, 3, 4], "1 and 5 (a NULL hotel both sides) are current; 2, 3 and 4 moved"

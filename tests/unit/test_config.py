@@ -196,6 +196,19 @@ def test_window_must_select_something() -> None:
         load_config(LOCAL, ["source.created_from=2026-11-02", "source.created_until=2026-11-02T08:00:00+08:00"])
 
 
+def test_window_column_is_created_at_or_updated_at() -> None:
+    from qwenspark.io.jdbc import source_predicate
+
+    assert load_config(LOCAL).source.window_column == "created_at"
+    cfg = load_config(LOCAL, ["source.window_column=updated_at", "source.created_from=2026-11-02T08:00:00+08:00",
+                              "source.created_until=2026-11-03", "source.max_id=9"])
+    assert source_predicate(cfg) == ("1 = 1 AND review_id <= 9 AND updated_at >= '2026-11-02 00:00:00.000000'"
+                                     " AND updated_at < '2026-11-03 00:00:00.000000'")
+    with pytest.raises(ConfigError, match=r"source.window_column: Input should be 'created_at' or 'updated_at'"):
+        load_config(LOCAL, ["source.window_column=modified_at; DROP TABLE x"])
+    assert not load_config(LOCAL).job.purge_deleted
+
+
 def test_max_error_rate_is_a_share() -> None:
     assert load_config(LOCAL).job.max_error_rate == 0.05
     assert load_config(LOCAL, ["job.max_error_rate=0"]).job.max_error_rate == 0.0

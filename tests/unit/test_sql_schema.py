@@ -41,8 +41,17 @@ def test_stage_table_accepts_a_review_twice() -> None:
 
 def test_upsert_script_sections() -> None:
     sections = script_sections(sql_text("upsert.sql"))
-    assert list(sections) == ["changes", "deltas", "old", "upsert", "apply", "spent"]
+    assert list(sections) == ["delta_tables", "changes", "deltas", "old", "upsert", "apply", "spent"]
     assert all(sections.values())
+    # The purge reuses @delta_tables, @old and @apply: the temporary tables live in a section of their own.
+    assert all(stmt.startswith(("DROP TEMPORARY TABLE", "CREATE TEMPORARY TABLE")) for stmt in sections["delta_tables"])
+    assert not any("TEMPORARY" in stmt for stmt in sections["deltas"])
+
+
+def test_purge_script_sections() -> None:
+    sections = script_sections(sql_text("purge.sql"))
+    assert list(sections) == ["select", "delete"]
+    assert all("{source}" in stmt for stmt in sections["select"])
 
 
 def test_statement_splitter_keeps_every_statement() -> None:
