@@ -27,7 +27,7 @@ from qwenspark.config import QwenSparkConfig
 from qwenspark.io import delta, migrate, mysql
 from qwenspark.pipeline import RunSummary, run_batch
 from qwenspark.stream import StreamReport, job_name, run_stream
-from tests.spark.conftest import load_reviews, query, reset_tables
+from tests.spark.conftest import as_owner, load_reviews, query, reset_tables
 from tests.spark.test_sink_commit import Row, _expected, _result, _stage, _start_run, _stored
 
 pytestmark = pytest.mark.spark
@@ -120,6 +120,41 @@ def test_an_older_run_committing_after_a_newer_one_changes_nothing(echo_cfg: Qwe
     last = _commit(cfg, newest, mysql.take_seq(cfg.db, mysql.INPUT_SEQ))
     assert (last.rows_changed, last.rows_stale) == (6, 0)
     assert _stored(cfg) == _expected([*older[:12], *newer, *newest])
+    _assert_consistent(cfg)
+
+
+def test_a_run_that_read_a_review_before_its_purge_does_not_write_it_back(echo_cfg: QwenSparkConfig) -> None:
+    """A run reads reviews 1..8; 7 and 8 are deleted from the source and purged; the run commits after the purge:
+    it writes 1..6 and counts 7 and 8 stale (their tombstones are newer than its input), so a deleted review is
+    not resurrected. Review 8 inserted again is written by a run that read it afterwards."""
+    cfg = echo_cfg
+    reset_tables(cfg)
+    rng = random.Random(17)
+    ids = range(1, 9)
+
+    def source(sql: str, params: Sequence[tuple[int, ...]]) -> None:
+        with mysql.connect(as_owner(cfg).db, autocommit=True) as conn, conn.cursor() as cur:  # the application
+            cur.executemany(sql, params)
+
+    insert = ("INSERT INTO hotel_reviews (review_id, hotel_id, created_at, text)"
+              " VALUES (%s, 'H1', '2026-11-02 10:00:00', 'x')")
+    source(insert, [(i,) for i in ids])
+    first = _commit(cfg, [_result(rng, i) for i in ids], mysql.take_seq(cfg.db, mysql.INPUT_SEQ))
+    assert first.rows_changed == 8
+    reader_seq = mysql.take_seq(cfg.db, mysql.INPUT_SEQ)  # a run reads 1..8 now ...
+    late = [_result(rng, i) for i in ids]
+    source("DELETE FROM hotel_reviews WHERE review_id = %s", [(7,), (8,)])  # ... 7 and 8 are deleted ...
+    assert mysql.purge_deleted(cfg.db, cfg.source, chunk_rows=50_000) == 2
+    done = _commit(cfg, late, reader_seq)  # ... and the run commits after the purge
+    assert (done.rows_changed, done.rows_stale) == (6, 2)
+    assert _stored(cfg) == _expected(late[:6]), "reviews 7 and 8 stay deleted"
+    assert sorted(r for (r,) in query(cfg, "SELECT review_id FROM review_tombstones")) == [7, 8]
+    _assert_consistent(cfg)
+
+    source(insert, [(8,)])  # review 8 comes back; a run that reads it after the purge writes it
+    again = _commit(cfg, [late[7]], mysql.take_seq(cfg.db, mysql.INPUT_SEQ))
+    assert (again.rows_changed, again.rows_stale) == (1, 0)
+    assert _stored(cfg) == _expected([*late[:6], late[7]])
     _assert_consistent(cfg)
 
 

@@ -197,7 +197,7 @@ def test_upgrade_to_v004_keeps_reviews_and_selects_them_once(echo_cfg: QwenSpark
     with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:  # back to v002's tables
         cur.execute("ALTER TABLE hotel_reviews DROP INDEX ix_hotel_reviews_updated, DROP COLUMN updated_at")
         cur.execute("ALTER TABLE job_runs DROP COLUMN rows_purged")
-        cur.execute(f"DELETE FROM {migrate.SCHEMA_TABLE} WHERE version >= 4")
+        cur.execute(f"DELETE FROM {migrate.SCHEMA_TABLE} WHERE version = 4")
     rows = "SELECT review_id, hotel_id, created_at, lang, rating, text FROM hotel_reviews ORDER BY review_id"
     held = query(echo_cfg, rows)
     assert len(held) == 12
