@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import DATABASE_DENIED, PRIVILEGE_DENIED, ConfigError, from_mysql
+from qwenspark.io.grants import RESULT_PRIVILEGES, RESULT_TABLES, TEMPORARY
 
 if TYPE_CHECKING:
     from qwenspark.io.mysql import Connection
@@ -18,10 +19,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Command = Literal["batch", "stream", "eval"]
-# What the jobs do to every result table (upserts, bookkeeping, dropping staged rows).
-RESULT_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
-# The commit builds its chunks in temporary tables (sql/upsert.sql).
-TEMPORARY = "CREATE TEMPORARY TABLES"
 _PROBE = "qwenspark_preflight_probe"
 
 
@@ -84,27 +81,6 @@ def check_database(cfg: QwenSparkConfig, *, reads_source: bool) -> None:
         raise ConfigError(_denied_message(cfg, denied, account))
 
 
-def _sql_text(name: str) -> str:
-    from importlib import resources
-
-    return resources.files("qwenspark").joinpath("sql", name).read_text(encoding="utf-8")
-
-
-def schema_objects() -> list[str]:
-    """The tables and views the jobs create (sql/schema.sql, sql/views.sql), in creation order."""
-    tables = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _sql_text("schema.sql"))
-    views = re.findall(r"CREATE OR REPLACE VIEW (\w+)", _sql_text("views.sql"))
-    return [*tables, *views]
-
-
-def result_tables() -> list[str]:
-    """The tables the jobs write: every table of sql/schema.sql but the demo source table, and the sequences."""
-    from qwenspark.io.migrations.v003_result_versions import SEQUENCE_TABLE
-
-    tables = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _sql_text("schema.sql"))
-    return [*(t for t in tables if t != "hotel_reviews"), SEQUENCE_TABLE]
-
-
 def _visible_tables(conn: Connection) -> set[str]:
     # information_schema lists only what the user holds some privilege on: an invisible table counts as missing,
     # and creating it then names the grant that is missing.
@@ -117,7 +93,7 @@ def missing_privileges(conn: Connection, cfg: QwenSparkConfig, *, reads_source: 
     """(privilege, table) pairs the job needs and the login lacks, tested by EXPLAIN (nothing runs; the server
     applies every grant: global, database, table, roles), and a temporary table created and dropped."""
     needs: list[tuple[str, tuple[str, ...]]] = [(cfg.source.table, ("SELECT",))] if reads_source else []
-    needs += [(table, RESULT_PRIVILEGES) for table in result_tables()]
+    needs += [(table, RESULT_PRIVILEGES) for table in RESULT_TABLES]
     denied = [(priv, table) for table, privs in needs for priv in privs if not _allowed(conn, priv, table)]
     if not _may_create_temporary(conn):
         denied.append((TEMPORARY, cfg.db.database))

@@ -70,6 +70,8 @@ def db_sets(mariadb: dict[str, object], *overrides: str) -> list[str]:
         f"db.port={mariadb['port']}",
         f"db.password_file={mariadb['password_file']}",
         "db.password_env=QS_T9_NO_SUCH_VAR",
+        f"db.admin_password_file={mariadb['admin_password_file']}",
+        "db.admin_password_env=QS_T9_NO_SUCH_VAR",
         *overrides,
     ]
 

@@ -133,7 +133,7 @@ def test_hostile_rows_through_the_batch_job(
     records = tmp_path / "echo"
     cfg = _cfg(echo_cfg, records, tmp_path)
     reset_tables(cfg)
-    write_table(cfg.db, hostile)
+    write_table(cfg.db.owner(), hostile)
 
     run_batch(spark, cfg)  # must not raise: no value the source table can hold fails a run
 
@@ -161,7 +161,7 @@ def test_hostile_rows_through_the_mysql_stream(
     records = tmp_path / "echo"
     cfg = _cfg(echo_cfg, records, tmp_path, source="mysql", max_rows_per_batch=500)
     reset_tables(cfg)
-    write_table(cfg.db, hostile)
+    write_table(cfg.db.owner(), hostile)
 
     report = run_stream(spark, cfg)  # returns only when caught up; raises if the query stopped
 
