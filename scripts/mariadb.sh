@@ -35,7 +35,9 @@ start() {
   mkdir -p "$DIR"
   if [ ! -d "$DIR/data/mysql" ]; then
     say "initialising a new server folder in $DIR/data"
-    mariadb-install-db --no-defaults --user=root --datadir="$DIR/data" \
+    # A tmpdir of its own: servers of other folders (parallel test runs) name their temporary files alike in /tmp.
+    mkdir -p "$DIR/tmp"
+    mariadb-install-db --no-defaults --user=root --datadir="$DIR/data" --tmpdir="$DIR/tmp" \
       --auth-root-authentication-method=socket --auth-root-socket-user="$SOCK_USER" --skip-test-db \
       >"$DIR/install.log" 2>&1
   fi
@@ -44,7 +46,8 @@ start() {
   else
     say "starting on 127.0.0.1:$PORT ($DIR)"
     # utf8mb4 on purpose: the server default is latin1, which loses Chinese text.
-    nohup mariadbd --no-defaults --user=root --datadir="$DIR/data" --bind-address=127.0.0.1 --port="$PORT" \
+    mkdir -p "$DIR/tmp"
+    nohup mariadbd --no-defaults --user=root --datadir="$DIR/data" --tmpdir="$DIR/tmp" --bind-address=127.0.0.1 --port="$PORT" \
       --socket="$SOCK" --pid-file="$PID" --log-error="$DIR/error.log" --skip-name-resolve \
       --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
       --innodb-flush-log-at-trx-commit=2 --max-connections=200 >/dev/null 2>&1 &
