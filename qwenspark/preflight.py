@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from qwenspark.config import QwenSparkConfig
-from qwenspark.errors import DATABASE_DENIED, PRIVILEGE_DENIED, ConfigError, from_mysql
+from qwenspark.errors import DATABASE_DENIED, NO_SUCH_TABLE, PRIVILEGE_DENIED, ConfigError, from_mysql
 from qwenspark.io.grants import RESULT_PRIVILEGES, RESULT_TABLES, TEMPORARY
 
 if TYPE_CHECKING:
@@ -72,13 +72,30 @@ def check_database(cfg: QwenSparkConfig, *, reads_source: bool) -> None:
 
     try:
         with db_sql.connect(cfg.db, autocommit=True, password=password) as conn:
-            migrate.check_version(migrate.applied_versions(conn), cfg.db)
-            denied = missing_privileges(conn, cfg, reads_source=reads_source)
+            applied = migrate.applied_versions(conn)
+            # An account without any grant sees no schema table: that is a grant to fix, not a missing init-db.
+            if applied or not _exists_unreadable(conn, migrate.SCHEMA_TABLE):
+                migrate.check_version(applied, cfg.db)
+                denied = missing_privileges(conn, cfg, reads_source=reads_source)
+            else:
+                denied = [("SELECT", migrate.SCHEMA_TABLE), *missing_privileges(conn, cfg, reads_source=reads_source)]
             account = _current_user(conn)
     except mysql.connector.Error as exc:
         raise from_mysql(exc, cfg.db) from None
     if denied:
         raise ConfigError(_denied_message(cfg, denied, account))
+
+
+def _exists_unreadable(conn: Connection, table: str) -> bool:
+    """Whether table exists but this login may not read it (False: readable or missing)."""
+    import mysql.connector
+
+    try:
+        return not _allowed(conn, "SELECT", table)
+    except mysql.connector.Error as exc:
+        if exc.errno == NO_SUCH_TABLE:
+            return False
+        raise
 
 
 def _visible_tables(conn: Connection) -> set[str]:
@@ -164,7 +181,10 @@ def _denied_message(cfg: QwenSparkConfig, denied: list[tuple[str, str]], account
         by_privilege.setdefault(privilege, []).append(table)
     lacks = "; ".join(f"{priv} on {', '.join(tables)}" for priv, tables in by_privilege.items())
     grant = ", ".join(by_privilege)
+    role = cfg.db.job_role
+    how = (f"run `qwenspark init-db` (it grants them to db.job_role {role!r}, which must be the account's default "
+           f"role: SET DEFAULT ROLE {role} FOR {account}), or grant them, e.g. " if role else "grant them, e.g. ")
     return (
-        f"user {cfg.db.user!r} (db.user) lacks privileges the job needs: {lacks}; grant them, e.g. "
+        f"user {cfg.db.user!r} (db.user) lacks privileges the job needs: {lacks}; {how}"
         f"GRANT {grant} ON `{cfg.db.database}`.* TO {account}"
     )
