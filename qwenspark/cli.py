@@ -27,6 +27,8 @@ TEMPLATES = ("local", "cluster-gpu")
 # Exit codes: a setting or a grant to fix (rerunning will not help), and a runtime failure (a rerun may).
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
+# Commands that log in as the schema owner (db.admin_user): their login errors name its keys.
+AS_OWNER = ("init-db", "load-reviews")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(resolve_config_path(args.config), args.overrides)
         return int(_COMMANDS[args.command](cfg, args))
     except Exception as exc:  # every failure ends as one line and an exit code; the traceback at debug level
-        return fail(exc, cfg.db if cfg is not None else None)
+        db = None if cfg is None else cfg.db.owner() if args.command in AS_OWNER else cfg.db
+        return fail(exc, db)
 
 
 def fail(exc: BaseException, db: DbConfig | None = None) -> int:

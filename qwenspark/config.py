@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -115,27 +116,37 @@ class DbConfig(_Section):
             raise ValueError(f"{value} is empty: its first line must be the password")
         return value
 
+    # "admin_" on the copy owner() makes: messages then name the keys the user sets (db.admin_password_file).
+    _keys: str = PrivateAttr("")
+
     def owner(self) -> DbConfig:
         """This connection as the schema owner (admin_user and its password), for init-db; self without one."""
         if self.admin_user is None:
             return self
-        return self.model_copy(update={
+        copy = self.model_copy(update={
             "user": self.admin_user,
             "password_env": self.admin_password_env,
             "password_file": self.admin_password_file,
         })
+        copy._keys = "admin_"
+        return copy
+
+    @property
+    def user_key(self) -> str:
+        """The config key of user, for messages: db.user, or db.admin_user on owner()'s copy."""
+        return f"db.{self._keys}user"
 
     def password_source(self) -> str:
         """Where password() takes the password from, for messages (never the password itself)."""
         if os.environ.get(self.password_env) is not None or self.password_file is None:
             return f"${self.password_env}"
-        return f"db.password_file ({self.password_file})"
+        return f"db.{self._keys}password_file ({self.password_file})"
 
     def password(self) -> SecretStr:
         """The password from the environment or the password file; never from the config values."""
         value = os.environ.get(self.password_env)
         if value is None and self.password_file is not None:
-            where = f"db.password_file: {self.password_file}"
+            where = f"db.{self._keys}password_file: {self.password_file}"
             try:
                 value = _first_line(self.password_file)
             except (OSError, UnicodeDecodeError) as exc:
@@ -143,7 +154,7 @@ class DbConfig(_Section):
             if value is None:
                 raise ConfigError(f"{where} is empty: its first line must be the password")
         if value is None:
-            raise ConfigError(f"db: no password: set ${self.password_env} or db.password_file")
+            raise ConfigError(f"db: no password: set ${self.password_env} or db.{self._keys}password_file")
         return SecretStr(value)
 
 

@@ -291,3 +291,16 @@ def test_an_account_without_its_default_role_is_told_the_grants_not_to_run_init_
     assert f"SET DEFAULT ROLE qwenspark_job_role FOR '{user}'@'127.0.0.1'" in line
     root_sql(mariadb["socket"], f"SET DEFAULT ROLE qwenspark_job_role FOR '{user}'@'127.0.0.1'")
     preflight.check(cfg, "batch")  # with the role as its default, the same account passes
+
+
+def test_init_db_with_a_wrong_owner_password_names_the_owner_keys(mariadb: dict[str, object], tmp_path: Path) -> None:
+    wrong = tmp_path / "admin.password"
+    wrong.write_text("Pw-t10-wrong\n")
+    sets = [*server_sets(mariadb), f"db.admin_password_file={wrong}"]
+    out = subprocess.run([sys.executable, "-m", "qwenspark.cli", "-q", "init-db", "--config", str(LOCAL),
+                          *(f"--set={s}" for s in sets)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("qwenspark: error: the database refused the login of user 'qwenspark_admin' "
+                                 f"(db.admin_user) with the password from db.admin_password_file ({wrong})"), out.stderr
+    assert "Pw-t10-wrong" not in out.stderr
