@@ -274,21 +274,29 @@ def test_a_database_of_the_release_before_versions_upgrades_with_nothing_lost(
 def test_an_account_without_its_default_role_is_told_the_grants_not_to_run_init_db(
     mariadb: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The role given but not made the default (a DBA's easy slip): the account sees no table at all, which must
-    read as missing grants, not as a database that needs init-db."""
+    """The role given but not made the default (a DBA's easy slip), the account holding a table grant by hand from
+    an earlier release: it sees no schema version table, which must read as missing grants, not as a database
+    that needs init-db."""
     user, password = "qs_t10_norole", "Pw-t10-norole"
     root_sql(mariadb["socket"], f"DROP USER IF EXISTS '{user}'@'127.0.0.1';"
              f" CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY '{password}';"
              f" GRANT qwenspark_job_role TO '{user}'@'127.0.0.1';")
     monkeypatch.setenv("QS_T10_PW", password)
     cfg = _cfg(mariadb, f"db.user={user}", "db.password_env=QS_T10_PW")
+    with pytest.raises(ConfigError, match=rf"^user '{user}' \(db.user\) lacks a privilege the job needs: Access "
+                       "denied .* to database 'qwenspark'; grant it on database 'qwenspark'"):
+        preflight.check(cfg, "batch")  # nothing at all on the database: the login itself says so
+
+    root_sql(mariadb["socket"], f"GRANT SELECT ON qwenspark.hotel_reviews TO '{user}'@'127.0.0.1'")
     with pytest.raises(ConfigError) as caught:
         preflight.check(cfg, "batch")
     line = str(caught.value)
     assert line.startswith(f"user '{user}' (db.user) lacks privileges the job needs: SELECT on qwenspark_schema, "
-                           "hotel_reviews"), line
+                           "review_sentiment,"), line
+    assert "no qwenspark schema" not in line
     assert "run `qwenspark init-db` (it grants them to db.job_role 'qwenspark_job_role'" in line
     assert f"SET DEFAULT ROLE qwenspark_job_role FOR '{user}'@'127.0.0.1'" in line
+
     root_sql(mariadb["socket"], f"SET DEFAULT ROLE qwenspark_job_role FOR '{user}'@'127.0.0.1'")
     preflight.check(cfg, "batch")  # with the role as its default, the same account passes
 
