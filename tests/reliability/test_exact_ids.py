@@ -28,7 +28,7 @@ def test_ids_differing_by_case_width_trailing_space_or_emoji_stay_apart(
     for n, hotel in enumerate(IDS):
         rows.append((10 * n + 1, hotel, "Lovely quiet stay, great service."))
         rows.append((10 * n + 2, hotel, "Rude staff at the desk." if hotel in NEGATIVE_IDS else "Great service."))
-    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(echo_cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany("INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
                         " VALUES (%s, %s, '2026-11-29 12:00:00', 'en', NULL, %s)", rows)
     summary = run_batch(spark, echo_cfg)
