@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Literal
 
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import DATABASE_DENIED, NO_SUCH_TABLE, PRIVILEGE_DENIED, ConfigError, from_mysql
-from qwenspark.io.grants import RESULT_PRIVILEGES, RESULT_TABLES, TEMPORARY
+from qwenspark.io.grants import JOB_TABLES, TEMPORARY
 
 if TYPE_CHECKING:
     from qwenspark.io.mysql import Connection
@@ -110,7 +110,7 @@ def missing_privileges(conn: Connection, cfg: QwenSparkConfig, *, reads_source: 
     """(privilege, table) pairs the job needs and the login lacks, tested by EXPLAIN (nothing runs; the server
     applies every grant: global, database, table, roles), and a temporary table created and dropped."""
     needs: list[tuple[str, tuple[str, ...]]] = [(cfg.source.table, ("SELECT",))] if reads_source else []
-    needs += [(table, RESULT_PRIVILEGES) for table in RESULT_TABLES]
+    needs += list(JOB_TABLES.items())
     denied = [(priv, table) for table, privs in needs for priv in privs if not _allowed(conn, priv, table)]
     if not _may_create_temporary(conn):
         denied.append((TEMPORARY, cfg.db.database))

@@ -14,18 +14,20 @@ from importlib import resources
 
 from qwenspark.config import QwenSparkConfig
 
-# Every table the jobs write. A migration that adds one adds it here, so preflight tests it and init-db grants it.
-RESULT_TABLES = (
-    "review_sentiment",
-    "review_sentiment_stage",
-    "job_runs",
-    "hotel_sentiment_daily",
-    "aspect_sentiment",
-    "stream_commits",
-    "stream_rejects",
-)
-# What the jobs do to every result table (upserts, bookkeeping, dropping staged rows).
+# What the jobs do to a result table (upserts, bookkeeping, dropping staged rows, retention).
 RESULT_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
+# Every table the jobs write, with what they do to it. A migration that adds one adds it here, so that preflight
+# tests it and init-db grants it (e.g. a sequence table the jobs only read and bump: ("SELECT", "INSERT", "UPDATE")).
+JOB_TABLES: dict[str, tuple[str, ...]] = {
+    "review_sentiment": RESULT_PRIVILEGES,
+    "review_sentiment_stage": RESULT_PRIVILEGES,
+    "job_runs": RESULT_PRIVILEGES,
+    "hotel_sentiment_daily": RESULT_PRIVILEGES,
+    "aspect_sentiment": RESULT_PRIVILEGES,
+    "stream_commits": RESULT_PRIVILEGES,
+    "stream_rejects": RESULT_PRIVILEGES,
+}
+RESULT_TABLES = tuple(JOB_TABLES)
 # The commit builds its chunks in temporary tables (sql/upsert.sql).
 TEMPORARY = "CREATE TEMPORARY TABLES"
 
@@ -46,7 +48,7 @@ def job_grants(cfg: QwenSparkConfig, role: str) -> list[str]:
 
     db = _q(cfg.db.database)
     grants = [f"GRANT SELECT ON {db}.{_q(table)} TO {role}" for table in (cfg.source.table, SCHEMA_TABLE)]
-    grants += [f"GRANT {', '.join(RESULT_PRIVILEGES)} ON {db}.{_q(table)} TO {role}" for table in RESULT_TABLES]
+    grants += [f"GRANT {', '.join(privs)} ON {db}.{_q(table)} TO {role}" for table, privs in JOB_TABLES.items()]
     grants.append(f"GRANT {TEMPORARY} ON {db}.* TO {role}")
     return grants
 

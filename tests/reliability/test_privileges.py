@@ -179,6 +179,9 @@ def test_root_logs_in_through_the_socket_only(mariadb: dict[str, object]) -> Non
     accounts = root_sql(mariadb["socket"], "SELECT CONCAT(User, '@', Host) FROM mysql.user ORDER BY 1").split()
     assert [a for a in accounts if a.startswith("root@")] == ["root@localhost"]
     assert {"qwenspark@127.0.0.1", "qwenspark_admin@127.0.0.1", "qwenspark_dashboard@127.0.0.1"} <= set(accounts)
+    for key in ("password_file", "admin_password_file", "dashboard_password_file"):  # generated, owner-only
+        path = Path(str(mariadb[key]))
+        assert path.stat().st_mode & 0o777 == 0o600 and len(path.read_text().strip()) >= 16, path
 
 
 @pytest.fixture
