@@ -86,6 +86,12 @@ def load_reviews(cfg: QwenSparkConfig, reviews: pd.DataFrame, tmp_path: Path) ->
     mysql.load_reviews_csv(cfg.db.owner(), path)
 
 
+def as_owner(cfg: QwenSparkConfig) -> QwenSparkConfig:
+    """cfg logging in as the schema owner (db.admin_user): for what the job's account may not do (DDL, writing
+    hotel_reviews, reading the views)."""
+    return cfg.model_copy(update={"db": cfg.db.owner()})
+
+
 def source_table(cfg: QwenSparkConfig, table: str) -> QwenSparkConfig:
     """cfg reading `table` (made by the schema owner), whose SELECT init-db's grants give the job role."""
     cfg = cfg.model_copy(update={"source": cfg.source.model_copy(update={"table": table})})

@@ -22,7 +22,7 @@ import pytest
 
 from qwenspark.config import QwenSparkConfig, load_config
 from qwenspark.io import mysql
-from tests.spark.conftest import load_reviews, query, reset_tables, server_sets
+from tests.spark.conftest import as_owner, load_reviews, query, reset_tables, server_sets
 from tests.support.echo_engine import max_overlap, read_records
 from tests.support.standalone import SPARK_HOME, stop_group, tail
 from tests.support.standalone import standalone_cluster as start_standalone
@@ -152,8 +152,7 @@ def test_a_staging_write_task_failing_midway_is_retried_without_rerunning_the_mo
         # NONE: each JDBC batch commits, so the failed task leaves part of its rows staged before the retry.
         result = run_driver(url, logs, "retry", mariadb, "--set", "sink.isolation_level=NONE",
                             "--set", "sink.batchsize=10", "--set", "sink.write_partitions=2")
-        owner = cfg.model_copy(update={"db": cfg.db.owner()})  # the test's own table: the job may not read it
-        failed_once = query(owner, "SELECT n FROM test_failctl")[0][0] == 0
+        failed_once = query(as_owner(cfg), "SELECT n FROM test_failctl")[0][0] == 0  # the job may not read it
     finally:
         with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
             cur.execute("DROP TRIGGER IF EXISTS test_fail_once")
