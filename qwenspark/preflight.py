@@ -182,8 +182,9 @@ def _denied_message(cfg: QwenSparkConfig, denied: list[tuple[str, str]], account
     lacks = "; ".join(f"{priv} on {', '.join(tables)}" for priv, tables in by_privilege.items())
     grant = ", ".join(by_privilege)
     role = cfg.db.job_role
-    how = (f"run `qwenspark init-db` (it grants them to db.job_role {role!r}, which must be the account's default "
-           f"role: SET DEFAULT ROLE {role} FOR {account}), or grant them, e.g. " if role else "grant them, e.g. ")
+    # Short: the whole message is one line of at most 800 characters, and the table list comes first.
+    how = (f"run `qwenspark init-db` to grant them to db.job_role {role!r} (the account's default role), or grant "
+           "them, e.g. " if role else "grant them, e.g. ")
     return (
         f"user {cfg.db.user!r} (db.user) lacks privileges the job needs: {lacks}; {how}"
         f"GRANT {grant} ON `{cfg.db.database}`.* TO {account}"

@@ -297,8 +297,9 @@ def test_an_account_without_its_default_role_is_told_the_grants_not_to_run_init_
     assert line.startswith(f"user '{user}' (db.user) lacks privileges the job needs: SELECT on qwenspark_schema, "
                            "review_sentiment,"), line
     assert "no qwenspark schema" not in line
-    assert "run `qwenspark init-db` (it grants them to db.job_role 'qwenspark_job_role'" in line
-    assert f"SET DEFAULT ROLE qwenspark_job_role FOR '{user}'@'127.0.0.1'" in line
+    assert "run `qwenspark init-db` to grant them to db.job_role 'qwenspark_job_role' (the account's default role)" \
+        in line
+    assert line.endswith(f"ON `qwenspark`.* TO '{user}'@'127.0.0.1'"), line
 
     root_sql(mariadb["socket"], f"SET DEFAULT ROLE qwenspark_job_role FOR '{user}'@'127.0.0.1'")
     preflight.check(cfg, "batch")  # with the role as its default, the same account passes
