@@ -13,6 +13,7 @@ import re
 from importlib import resources
 
 from qwenspark.config import QwenSparkConfig
+from qwenspark.io.migrations.v003_result_versions import SEQUENCE_TABLE
 
 # What the jobs do to a result table (upserts, bookkeeping, dropping staged rows, retention).
 RESULT_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
@@ -26,6 +27,8 @@ JOB_TABLES: dict[str, tuple[str, ...]] = {
     "aspect_sentiment": RESULT_PRIVILEGES,
     "stream_commits": RESULT_PRIVILEGES,
     "stream_rejects": RESULT_PRIVILEGES,
+    "review_tombstones": RESULT_PRIVILEGES,  # written by the purge, read by the commit, pruned by the retention
+    SEQUENCE_TABLE: ("SELECT", "INSERT", "UPDATE"),  # input and commit versions (mysql.next_seq)
 }
 RESULT_TABLES = tuple(JOB_TABLES)
 # The commit builds its chunks in temporary tables (sql/upsert.sql).
