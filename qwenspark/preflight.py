@@ -176,11 +176,16 @@ def _current_user(conn: Connection) -> str:
 
 
 def _denied_message(cfg: QwenSparkConfig, denied: list[tuple[str, str]], account: str) -> str:
-    by_privilege: dict[str, list[str]] = {}
+    # Tables lacking the same privileges are listed together: "INSERT, UPDATE, DELETE on a, b, c" keeps the line
+    # (at most 800 characters) short as tables are added.
+    by_table: dict[str, list[str]] = {}
     for privilege, table in denied:
-        by_privilege.setdefault(privilege, []).append(table)
-    lacks = "; ".join(f"{priv} on {', '.join(tables)}" for priv, tables in by_privilege.items())
-    grant = ", ".join(by_privilege)
+        by_table.setdefault(table, []).append(privilege)
+    by_privileges: dict[tuple[str, ...], list[str]] = {}
+    for table, privileges in by_table.items():
+        by_privileges.setdefault(tuple(privileges), []).append(table)
+    lacks = "; ".join(f"{', '.join(privs)} on {', '.join(tables)}" for privs, tables in by_privileges.items())
+    grant = ", ".join(dict.fromkeys(privilege for privilege, _ in denied))
     role = cfg.db.job_role
     # Short: the whole message is one line of at most 800 characters, and the table list comes first.
     how = (f"run `qwenspark init-db` to grant them to db.job_role {role!r} (the account's default role), or grant "

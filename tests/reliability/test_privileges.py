@@ -294,8 +294,8 @@ def test_an_account_without_its_default_role_is_told_the_grants_not_to_run_init_
     with pytest.raises(ConfigError) as caught:
         preflight.check(cfg, "batch")
     line = str(caught.value)
-    assert line.startswith(f"user '{user}' (db.user) lacks privileges the job needs: SELECT on qwenspark_schema, "
-                           "review_sentiment,"), line
+    assert line.startswith(f"user '{user}' (db.user) lacks privileges the job needs: SELECT on qwenspark_schema; "
+                           "SELECT, INSERT, UPDATE, DELETE on review_sentiment,"), line
     assert "no qwenspark schema" not in line
     assert "run `qwenspark init-db` to grant them to db.job_role 'qwenspark_job_role' (the account's default role)" \
         in line
