@@ -1,4 +1,5 @@
-# make demo: install what is missing, start a throwaway MariaDB, run the batch job on demo reviews.
+# make demo: install what is missing, start a throwaway MariaDB, create the schema and grants as its owner (init-db),
+# run the batch job on demo reviews as the least-privilege job account.
 # make test: install what is missing, then ruff, mypy and pytest (tests start their own MariaDB).
 SHELL := /bin/bash
 PY      := .venv/bin/python
@@ -51,7 +52,8 @@ model: venv
 	@$(PY) -m qwenspark.cli fetch-model --config conf/local.yaml
 
 demo: deps venv db model
-	@echo "[demo] creating tables and views, loading data/demo/hotel_reviews_demo.csv"
+	@echo "[demo] schema and grants as the schema owner (qwenspark init-db), then data/demo/hotel_reviews_demo.csv"
+	@.venv/bin/qwenspark -q init-db --config conf/local.yaml >/dev/null
 	@.venv/bin/qwenspark -q load-reviews --config conf/local.yaml
 	@echo "[demo] running the batch job through spark-submit (progress below; full log: .run/demo-job.log)"
 	@set -o pipefail; .venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
@@ -59,7 +61,7 @@ demo: deps venv db model
 	  2>&1 | tee .run/demo-job.log | grep --line-buffered -vE '$(NOISE)'
 
 stream: deps venv db model
-	@.venv/bin/qwenspark -q init-db --config conf/local.yaml >/dev/null
+	@.venv/bin/qwenspark -q init-db --config conf/local.yaml >/dev/null  # as the schema owner: the job has DML only
 	@echo "[stream] streaming job on the demo database: new rows of hotel_reviews are analysed as they land"
 	@echo "[stream] try, in another shell: make sql Q=\"INSERT INTO hotel_reviews VALUES (900001, 'H01', UTC_TIMESTAMP(), 'en', 5, 'Lovely staff, noisy street.')\""
 	@echo "[stream] Ctrl-C stops it; a restart resumes from .run/checkpoints (full log: .run/stream-job.log)"
@@ -68,7 +70,7 @@ stream: deps venv db model
 	  --config conf/local.yaml 2>&1 | tee .run/stream-job.log | grep --line-buffered -vE '$(NOISE)'
 
 sql: db
-	@mariadb --no-defaults --socket=.run/mariadb/mysqld.sock -uroot qwenspark --table -e "$(Q)"
+	@scripts/mariadb.sh sql qwenspark --table -e "$(Q)"
 
 lint: venv
 	@echo "[lint] ruff + mypy"

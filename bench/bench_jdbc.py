@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qwenspark.config import load_config  # noqa: E402
-from qwenspark.io import jdbc, migrate, mysql  # noqa: E402
+from qwenspark.io import grants, jdbc, migrate, mysql  # noqa: E402
 from qwenspark.session import spark_session  # noqa: E402
 
 DB_DIR, DB_PORT = ROOT / ".run" / "bench-mariadb", 13398
@@ -40,10 +40,14 @@ def main() -> int:
     cfg = load_config(
         ROOT / "conf" / "local.yaml",
         [f"db.port={DB_PORT}", f"db.password_file={DB_DIR / 'qwenspark.password'}", "engine.default_model=false",
+         f"db.admin_password_file={DB_DIR / 'qwenspark-admin.password'}",
          *([f"sink.commit_chunk_rows={args.chunk_rows}"] if args.chunk_rows else [])],
     )
     migrate.migrate(cfg.db)
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    grants.apply(cfg)
+    # hotel_reviews is the application's: emptied and filled as the schema owner (the job may only read it).
+    owner = cfg.model_copy(update={"db": cfg.db.owner()})
+    with mysql.connect(owner.db, autocommit=True) as conn, conn.cursor() as cur:
         for table in ("hotel_reviews", "review_sentiment", "review_sentiment_stage", "hotel_sentiment_daily",
                       "aspect_sentiment"):
             cur.execute(f"DELETE FROM {table}")
@@ -62,7 +66,7 @@ def main() -> int:
     figures: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    reviews.write.format("jdbc").options(**jdbc.jdbc_options(cfg)).option("dbtable", "hotel_reviews") \
+    reviews.write.format("jdbc").options(**jdbc.jdbc_options(owner)).option("dbtable", "hotel_reviews") \
         .option("batchsize", "2000").mode("append").save()
     figures["JDBC write hotel_reviews"] = n / (time.perf_counter() - t0)
 

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from qwenspark.config import QwenSparkConfig, load_config  # noqa: E402
-from qwenspark.io import migrate, mysql  # noqa: E402
+from qwenspark.io import grants, migrate, mysql  # noqa: E402
 from tests.support.echo_engine import max_overlap, read_records  # noqa: E402
 from tests.support.standalone import SPARK_HOME, free_port, stop_group, tail  # noqa: E402
 from tests.support.standalone import standalone_cluster as start_standalone  # noqa: E402
@@ -80,12 +80,10 @@ def reviews_csv(path: Path, n: int) -> Path:
 
 
 def clear_results(cfg: QwenSparkConfig) -> None:
-    """Empty every table but hotel_reviews, so the next run analyses and commits every review."""
+    """Empty every result table, so the next run analyses and commits every review."""
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute("SHOW FULL TABLES WHERE Table_type = 'BASE TABLE'")
-        for table, _ in list(cur.fetchall()):
-            if table != "hotel_reviews":
-                cur.execute(f"DELETE FROM `{table}`")
+        for table in grants.RESULT_TABLES:  # not qwenspark_schema: the runs check the schema version
+            cur.execute(f"DELETE FROM `{table}`")
 
 
 def run_driver(url: str, name: str, db: dict[str, str], args: argparse.Namespace, *, executors: int,
@@ -256,12 +254,14 @@ def main() -> int:
     try:
         cfg = load_config(ROOT / "conf" / "local.yaml",
                           [f"db.port={db_port}", f"db.password_file={db['password_file']}",
-                           "db.password_env=QWENSPARK_BENCH_NO_SUCH_VAR", "engine.default_model=false"])
+                           "db.password_env=QWENSPARK_BENCH_NO_SUCH_VAR", "engine.default_model=false",
+                           f"db.admin_password_file={db_dir / 'qwenspark-admin.password'}"])
         migrate.migrate(cfg.db)
+        grants.apply(cfg)
         clear_results(cfg)
-        with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+        with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:  # the job only reads it
             cur.execute("DELETE FROM hotel_reviews")
-        mysql.load_reviews_csv(cfg.db, reviews_csv(WORK / "reviews.csv", args.rows))
+        mysql.load_reviews_csv(cfg.db.owner(), reviews_csv(WORK / "reviews.csv", args.rows))
 
         # 1 and 2 slots once; at 4 slots every partitions_per_slot --repeats times, the order rotated each round
         # so that no setting always runs first (this host's load drifts).

@@ -40,7 +40,7 @@ HOTEL = "BENCH-STREAM"
 
 
 def _insert(cfg: QwenSparkConfig, review_id: int, text: str, lang: str) -> datetime:
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:  # the application's write
         cur.execute(
             "INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
             " VALUES (%s, %s, UTC_TIMESTAMP(), %s, NULL, %s)",
@@ -62,7 +62,7 @@ def _done(cfg: QwenSparkConfig, ids: list[int]) -> dict[int, datetime]:
 
 def _cleanup(cfg: QwenSparkConfig, ids: list[int]) -> None:
     marks = ",".join(str(i) for i in ids)
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         for table in ("review_sentiment", "hotel_reviews"):
             cur.execute(f"DELETE FROM {table} WHERE review_id IN ({marks})")
         for table in ("hotel_sentiment_daily", "aspect_sentiment"):

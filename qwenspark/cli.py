@@ -27,6 +27,8 @@ TEMPLATES = ("local", "cluster-gpu")
 # Exit codes: a setting or a grant to fix (rerunning will not help), and a runtime failure (a rerun may).
 EXIT_CONFIG = 2
 EXIT_RUNTIME = 1
+# Commands that log in as the schema owner (db.admin_user): their login errors name its keys.
+AS_OWNER = ("init-db", "load-reviews")
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -59,12 +61,17 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, help="rows to use, split evenly across languages (seeded sample)")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed for --limit")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
-    _config_args(sub.add_parser("init-db", help="create the tables and dashboard views"))
+    _config_args(sub.add_parser(
+        "init-db",
+        help="as the schema owner (db.admin_user): apply the schema migrations, (re)create the dashboard views, "
+        "grant db.job_role and db.dashboard_role their privileges"))
     _config_args(sub.add_parser(
         "purge-deleted",
         help="remove the results of reviews deleted from source.table, and their share of the aggregates (what "
         "job.purge_deleted does at the start of a batch run); only where source.table holds every analysed review"))
-    ld = sub.add_parser("load-reviews", help="insert reviews from a CSV into hotel_reviews (idempotent)")
+    ld = sub.add_parser(
+        "load-reviews", help="insert reviews from a CSV into hotel_reviews as the schema owner (idempotent)"
+    )
     _config_args(ld)
     ld.add_argument("--input", type=Path, default=Path("data/demo/hotel_reviews_demo.csv"))
     _config_args(sub.add_parser("fetch-model", help="download and convert the embedded default model"))
@@ -119,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(resolve_config_path(args.config), args.overrides)
         return int(_COMMANDS[args.command](cfg, args))
     except Exception as exc:  # every failure ends as one line and an exit code; the traceback at debug level
-        return fail(exc, cfg.db if cfg is not None else None)
+        db = None if cfg is None else cfg.db.owner() if args.command in AS_OWNER else cfg.db
+        return fail(exc, db)
 
 
 def fail(exc: BaseException, db: DbConfig | None = None) -> int:
@@ -183,11 +191,15 @@ def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
 
 
 def _init_db(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
-    from qwenspark.io import migrate
+    from qwenspark.io import grants, migrate
 
     applied = migrate.migrate(cfg.db)
+    granted_sql = grants.apply(cfg)
     done = f"applied v{', v'.join(f'{v:03d}' for v in applied)}" if applied else "nothing to apply"
-    print(f"schema at version {migrate.LATEST} in {cfg.db.database} on {cfg.db.host}:{cfg.db.port} ({done})")
+    roles = " and ".join(r for r in (cfg.db.job_role, cfg.db.dashboard_role) if r)
+    granted = f"{len(granted_sql)} grants to {roles}" if roles else "no grants: db.job_role, db.dashboard_role unset"
+    print(f"schema at version {migrate.LATEST} in {cfg.db.database} on {cfg.db.host}:{cfg.db.port} as "
+          f"{cfg.db.owner().user} ({done}; {granted})")
     return 0
 
 
@@ -205,8 +217,10 @@ def _load_reviews(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     from qwenspark.io.migrate import require_current
     from qwenspark.io.mysql import load_reviews_csv
 
-    require_current(cfg.db)
-    total, changed = load_reviews_csv(cfg.db, args.input)
+    # The reviews are the user's application's data: written as the schema owner, never by the job's account.
+    owner = cfg.db.owner()
+    require_current(owner)
+    total, changed = load_reviews_csv(owner, args.input)
     print(f"{total} reviews in {args.input}: {changed} rows inserted or changed in hotel_reviews")
     return 0
 

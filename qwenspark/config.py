@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -46,6 +47,10 @@ class _Section(BaseModel):
         return value
 
 
+# Role names go into GRANT statements unquoted by the driver: plain identifiers only.
+ROLE_PATTERN = r"^[A-Za-z0-9_]{1,64}$"
+
+
 class DbConfig(_Section):
     """Where the MySQL-protocol server is and how to log in."""
 
@@ -60,6 +65,28 @@ class DbConfig(_Section):
         None,
         description="File whose first line is the password, used when the env variable is unset; an empty first "
         "line is refused.",
+    )
+    admin_user: str | None = Field(
+        None,
+        description="Schema owner that `qwenspark init-db` and `load-reviews` log in as (None: db.user); jobs never "
+        "use it.",
+    )
+    admin_password_env: str = Field(
+        "QWENSPARK_DB_ADMIN_PASSWORD", description="admin_user's password: environment variable (checked first)."
+    )
+    admin_password_file: Path | None = Field(
+        None, description="admin_user's password: file whose first line is it, when the env variable is unset."
+    )
+    job_role: str | None = Field(
+        None,
+        pattern=ROLE_PATTERN,
+        description="Role that `qwenspark init-db` grants exactly the job's privileges (DML on the result tables, "
+        "SELECT on source.table, CREATE TEMPORARY TABLES); grant it to db.user as its default role (None: no grants).",
+    )
+    dashboard_role: str | None = Field(
+        None,
+        pattern=ROLE_PATTERN,
+        description="Role that `qwenspark init-db` grants SELECT on the dashboard views (v_*) only (None: no grants).",
     )
     jdbc_jar: Path = Field(
         Path("/usr/share/java/mariadb-java-client.jar"), description="JDBC driver jar (MariaDB Connector/J)."
@@ -89,17 +116,37 @@ class DbConfig(_Section):
             raise ValueError(f"{value} is empty: its first line must be the password")
         return value
 
+    # "admin_" on the copy owner() makes: messages then name the keys the user sets (db.admin_password_file).
+    _keys: str = PrivateAttr("")
+
+    def owner(self) -> DbConfig:
+        """This connection as the schema owner (admin_user and its password), for init-db; self without one."""
+        if self.admin_user is None:
+            return self
+        copy = self.model_copy(update={
+            "user": self.admin_user,
+            "password_env": self.admin_password_env,
+            "password_file": self.admin_password_file,
+        })
+        copy._keys = "admin_"
+        return copy
+
+    @property
+    def user_key(self) -> str:
+        """The config key of user, for messages: db.user, or db.admin_user on owner()'s copy."""
+        return f"db.{self._keys}user"
+
     def password_source(self) -> str:
         """Where password() takes the password from, for messages (never the password itself)."""
         if os.environ.get(self.password_env) is not None or self.password_file is None:
             return f"${self.password_env}"
-        return f"db.password_file ({self.password_file})"
+        return f"db.{self._keys}password_file ({self.password_file})"
 
     def password(self) -> SecretStr:
         """The password from the environment or the password file; never from the config values."""
         value = os.environ.get(self.password_env)
         if value is None and self.password_file is not None:
-            where = f"db.password_file: {self.password_file}"
+            where = f"db.{self._keys}password_file: {self.password_file}"
             try:
                 value = _first_line(self.password_file)
             except (OSError, UnicodeDecodeError) as exc:
@@ -107,7 +154,7 @@ class DbConfig(_Section):
             if value is None:
                 raise ConfigError(f"{where} is empty: its first line must be the password")
         if value is None:
-            raise ConfigError(f"db: no password: set ${self.password_env} or db.password_file")
+            raise ConfigError(f"db: no password: set ${self.password_env} or db.{self._keys}password_file")
         return SecretStr(value)
 
 
@@ -511,7 +558,8 @@ class QwenSparkConfig(_Section):
 
     def config_hash(self) -> str:
         """Hash of everything that shapes results (recorded in job_runs); holds no secret."""
-        payload = self.model_dump(mode="json", exclude={"spark": True, "stream": True, "db": {"password_file"}})
+        secrets = {"password_file", "admin_password_file"}
+        payload = self.model_dump(mode="json", exclude={"spark": True, "stream": True, "db": secrets})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

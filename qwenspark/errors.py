@@ -53,6 +53,9 @@ class DbTarget(Protocol):
     @property
     def database(self) -> str: ...
 
+    @property
+    def user_key(self) -> str: ...
+
     def password_source(self) -> str: ...
 
 
@@ -73,7 +76,7 @@ def _at(db: DbTarget | None) -> str:
 
 
 def _user(db: DbTarget | None) -> str:
-    return f"{db.user!r} (db.user)" if db else "db.user"
+    return f"{db.user!r} ({db.user_key})" if db else "db.user"
 
 
 def _database(db: DbTarget | None) -> str:
@@ -88,7 +91,7 @@ def _config_error(errno: int, message: str, db: DbTarget | None) -> ConfigError 
         source = db.password_source() if db else "db.password_env or db.password_file"
         return ConfigError(
             f"the database refused the login of user {_user(db)} with the password from {source}: "
-            f"check that password and db.user ({message})"
+            f"check that password and {db.user_key if db else 'db.user'} ({message})"
         )
     if errno == HOST_NOT_ALLOWED:
         return ConfigError(f"user {_user(db)} may not connect from this host to {_at(db)}: {message}")

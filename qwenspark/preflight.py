@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from qwenspark.config import QwenSparkConfig
-from qwenspark.errors import DATABASE_DENIED, PRIVILEGE_DENIED, ConfigError, from_mysql
+from qwenspark.errors import DATABASE_DENIED, NO_SUCH_TABLE, PRIVILEGE_DENIED, ConfigError, from_mysql
+from qwenspark.io.grants import JOB_TABLES, TEMPORARY
 
 if TYPE_CHECKING:
     from qwenspark.io.mysql import Connection
@@ -18,10 +19,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Command = Literal["batch", "stream", "eval"]
-# What the jobs do to every result table (upserts, bookkeeping, dropping staged rows).
-RESULT_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
-# The commit builds its chunks in temporary tables (sql/upsert.sql).
-TEMPORARY = "CREATE TEMPORARY TABLES"
 _PROBE = "qwenspark_preflight_probe"
 
 
@@ -75,8 +72,13 @@ def check_database(cfg: QwenSparkConfig, *, reads_source: bool) -> None:
 
     try:
         with db_sql.connect(cfg.db, autocommit=True, password=password) as conn:
-            migrate.check_version(migrate.applied_versions(conn), cfg.db)
-            denied = missing_privileges(conn, cfg, reads_source=reads_source)
+            applied = migrate.applied_versions(conn)
+            # An account without any grant sees no schema table: that is a grant to fix, not a missing init-db.
+            if applied or not _exists_unreadable(conn, migrate.SCHEMA_TABLE):
+                migrate.check_version(applied, cfg.db)
+                denied = missing_privileges(conn, cfg, reads_source=reads_source)
+            else:
+                denied = [("SELECT", migrate.SCHEMA_TABLE), *missing_privileges(conn, cfg, reads_source=reads_source)]
             account = _current_user(conn)
     except mysql.connector.Error as exc:
         raise from_mysql(exc, cfg.db) from None
@@ -84,25 +86,16 @@ def check_database(cfg: QwenSparkConfig, *, reads_source: bool) -> None:
         raise ConfigError(_denied_message(cfg, denied, account))
 
 
-def _sql_text(name: str) -> str:
-    from importlib import resources
+def _exists_unreadable(conn: Connection, table: str) -> bool:
+    """Whether table exists but this login may not read it (False: readable or missing)."""
+    import mysql.connector
 
-    return resources.files("qwenspark").joinpath("sql", name).read_text(encoding="utf-8")
-
-
-def schema_objects() -> list[str]:
-    """The tables and views the jobs create (sql/schema.sql, sql/views.sql), in creation order."""
-    tables = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _sql_text("schema.sql"))
-    views = re.findall(r"CREATE OR REPLACE VIEW (\w+)", _sql_text("views.sql"))
-    return [*tables, *views]
-
-
-def result_tables() -> list[str]:
-    """The tables the jobs write: every table of sql/schema.sql but the demo source table, and the sequences."""
-    from qwenspark.io.migrations.v003_result_versions import SEQUENCE_TABLE
-
-    tables = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _sql_text("schema.sql"))
-    return [*(t for t in tables if t != "hotel_reviews"), SEQUENCE_TABLE]
+    try:
+        return not _allowed(conn, "SELECT", table)
+    except mysql.connector.Error as exc:
+        if exc.errno == NO_SUCH_TABLE:
+            return False
+        raise
 
 
 def _visible_tables(conn: Connection) -> set[str]:
@@ -117,7 +110,7 @@ def missing_privileges(conn: Connection, cfg: QwenSparkConfig, *, reads_source: 
     """(privilege, table) pairs the job needs and the login lacks, tested by EXPLAIN (nothing runs; the server
     applies every grant: global, database, table, roles), and a temporary table created and dropped."""
     needs: list[tuple[str, tuple[str, ...]]] = [(cfg.source.table, ("SELECT",))] if reads_source else []
-    needs += [(table, RESULT_PRIVILEGES) for table in result_tables()]
+    needs += list(JOB_TABLES.items())
     denied = [(priv, table) for table, privs in needs for priv in privs if not _allowed(conn, priv, table)]
     if not _may_create_temporary(conn):
         denied.append((TEMPORARY, cfg.db.database))
@@ -183,12 +176,21 @@ def _current_user(conn: Connection) -> str:
 
 
 def _denied_message(cfg: QwenSparkConfig, denied: list[tuple[str, str]], account: str) -> str:
-    by_privilege: dict[str, list[str]] = {}
+    # Tables lacking the same privileges are listed together: "INSERT, UPDATE, DELETE on a, b, c" keeps the line
+    # (at most 800 characters) short as tables are added.
+    by_table: dict[str, list[str]] = {}
     for privilege, table in denied:
-        by_privilege.setdefault(privilege, []).append(table)
-    lacks = "; ".join(f"{priv} on {', '.join(tables)}" for priv, tables in by_privilege.items())
-    grant = ", ".join(by_privilege)
+        by_table.setdefault(table, []).append(privilege)
+    by_privileges: dict[tuple[str, ...], list[str]] = {}
+    for table, privileges in by_table.items():
+        by_privileges.setdefault(tuple(privileges), []).append(table)
+    lacks = "; ".join(f"{', '.join(privs)} on {', '.join(tables)}" for privs, tables in by_privileges.items())
+    grant = ", ".join(dict.fromkeys(privilege for privilege, _ in denied))
+    role = cfg.db.job_role
+    # Short: the whole message is one line of at most 800 characters, and the table list comes first.
+    how = (f"run `qwenspark init-db` to grant them to db.job_role {role!r} (the account's default role), or grant "
+           "them, e.g. " if role else "grant them, e.g. ")
     return (
-        f"user {cfg.db.user!r} (db.user) lacks privileges the job needs: {lacks}; grant them, e.g. "
+        f"user {cfg.db.user!r} (db.user) lacks privileges the job needs: {lacks}; {how}"
         f"GRANT {grant} ON `{cfg.db.database}`.* TO {account}"
     )

@@ -55,14 +55,32 @@ def dev_reviews() -> pd.DataFrame:
 
 @pytest.fixture(scope="session")
 def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
-    """A MariaDB server for this test session only, on a free 127.0.0.1 port; stopped at the end."""
+    """A MariaDB server for this test session only, on a free 127.0.0.1 port; stopped at the end.
+
+    Its accounts are the demo's (scripts/mariadb.sh): password_file is the least-privilege job account's
+    (`qwenspark`, DML only: tests connect as it), admin_password_file the schema owner's (`qwenspark_admin`:
+    migrations, grants, writing hotel_reviews, test tables), dashboard_password_file the views' reader's.
+    """
     if shutil.which("mariadbd") is None:
         pytest.fail("mariadbd is not installed: run `make deps`")
     folder = tmp_path_factory.mktemp("mariadb")
     env = {**os.environ, "MARIADB_DIR": str(folder), "MARIADB_PORT": str(DB_PORT)}
     subprocess.run([str(ROOT / "scripts" / "mariadb.sh"), "start"], check=True, env=env)
+    server: dict[str, object] = {
+        "port": DB_PORT,
+        "password_file": folder / "qwenspark.password",
+        "admin_password_file": folder / "qwenspark-admin.password",
+        "dashboard_password_file": folder / "qwenspark-dashboard.password",
+        "socket": folder / "mysqld.sock",
+        "dir": folder,
+    }
     try:
-        yield {"port": DB_PORT, "password_file": folder / "qwenspark.password", "socket": folder / "mysqld.sock"}
+        # As `make demo` does: schema and the roles' grants by init-db (as the owner), before any job runs.
+        sets = [f"--set=db.port={DB_PORT}", f"--set=db.admin_password_file={server['admin_password_file']}",
+                f"--set=db.password_file={server['password_file']}", "--set=db.admin_password_env=QS_NO_SUCH_VAR"]
+        subprocess.run([sys.executable, "-m", "qwenspark.cli", "-q", "init-db", "--config",
+                        str(ROOT / "conf" / "local.yaml"), *sets], check=True, cwd=ROOT, timeout=120)
+        yield server
     finally:
         subprocess.run([str(ROOT / "scripts" / "mariadb.sh"), "stop"], check=False, env=env)
 

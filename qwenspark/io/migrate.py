@@ -175,10 +175,10 @@ def migrate(db: DbConfig, *, password: SecretStr | None = None, views: bool = Tr
     """Apply the missing migrations in order (serialised by a named lock); returns the versions applied.
 
     The dashboard views are (re)created afterwards when anything was applied, a view is missing or views=True
-    (init-db: CREATE OR REPLACE VIEW also repairs a view someone changed). password: the schema owner's, when it
-    is not db's own.
+    (init-db: CREATE OR REPLACE VIEW also repairs a view someone changed). Logs in as the schema owner
+    (db.admin_user, else db.user); password: the owner's, when it is not read from the config.
     """
-    with connect(db, autocommit=True, password=password) as conn:
+    with connect(db.owner(), autocommit=True, password=password) as conn:
         m = Migrator(conn)
         lock = f"{LOCK}{db.database}"[:64]
         if m.scalar("SELECT GET_LOCK(%s, %s)", (lock, LOCK_TIMEOUT_S)) != 1:

@@ -45,7 +45,8 @@ class DbServer:
     def __init__(self, folder: Path, port: int | None = None) -> None:
         self.folder = folder
         self.port = port or free_port()
-        self.password_file = folder / "qwenspark.password"
+        self.password_file = folder / "qwenspark.password"  # the job's account; the schema owner's beside it
+        self.admin_password_file = folder / "qwenspark-admin.password"
         self.pid_file = folder / "mysqld.pid"
         self.kills = 0
 
@@ -123,6 +124,8 @@ class DbServer:
                 f"db.port={self.port}",
                 f"db.password_file={self.password_file}",
                 "db.password_env=QWENSPARK_TEST_NO_SUCH_VAR",
+                f"db.admin_password_file={self.admin_password_file}",
+                "db.admin_password_env=QWENSPARK_TEST_NO_SUCH_VAR",
                 "engine.kind=custom",
                 "engine.factory=tests.support.echo_engine:build",
                 "engine.model=echo",

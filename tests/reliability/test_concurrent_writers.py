@@ -291,7 +291,7 @@ def test_v003_keeps_data_and_carries_delta_versions_over(echo_cfg: QwenSparkConf
     reset_tables(cfg)
     rng = random.Random(3)
     _commit(cfg, [_result(rng, i) for i in range(1, 9)], None)
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:  # back to v002
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:  # back to v002 (DDL: owner)
         cur.execute("DROP TABLE qwenspark_sequence")
         cur.execute("ALTER TABLE job_runs DROP COLUMN input_seq, DROP COLUMN commit_seq, DROP COLUMN rows_stale")
         cur.execute("ALTER TABLE review_sentiment DROP COLUMN input_seq")

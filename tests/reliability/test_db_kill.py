@@ -90,7 +90,7 @@ def _load(cfg: QwenSparkConfig, dev: pd.DataFrame) -> None:
     """REVIEWS real reviews as review_id 1..REVIEWS, over 8 hotels and 10 days."""
     rows = [(i, f"H{i % 8}", f"2026-11-{1 + i % 10:02d} {i % 24:02d}:00:00", dev.lang.iloc[i], None, dev.text.iloc[i])
             for i in range(1, REVIEWS + 1)]
-    with mysql.connect(cfg.db) as conn, conn.cursor() as cur:
+    with mysql.connect(cfg.db.owner()) as conn, conn.cursor() as cur:
         cur.executemany("INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
                         " VALUES (%s, %s, %s, %s, %s, %s)", rows)
         conn.commit()

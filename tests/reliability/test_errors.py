@@ -70,6 +70,8 @@ def db_sets(mariadb: dict[str, object], *overrides: str) -> list[str]:
         f"db.port={mariadb['port']}",
         f"db.password_file={mariadb['password_file']}",
         "db.password_env=QS_T9_NO_SUCH_VAR",
+        f"db.admin_password_file={mariadb['admin_password_file']}",
+        "db.admin_password_env=QS_T9_NO_SUCH_VAR",
         *overrides,
     ]
 
@@ -125,7 +127,8 @@ def test_select_only_user_is_told_the_missing_grants(mariadb: dict[str, object])
     migrate.migrate(cfg(mariadb).db)  # the tables exist: only the DML grants are missing
     out = run_batch(db_sets(mariadb, f"db.user={RO_USER}", "db.password_env=QS_T9_PW"), env={"QS_T9_PW": PASSWORD})
     line = error_line(out, EXIT_CONFIG)
-    assert line.startswith(f"qwenspark: error: user '{RO_USER}' (db.user) lacks privileges the job needs: INSERT on ")
+    assert line.startswith(
+        f"qwenspark: error: user '{RO_USER}' (db.user) lacks privileges the job needs: INSERT, UPDATE, DELETE on ")
     for table in ("review_sentiment", "review_sentiment_stage", "job_runs", "hotel_sentiment_daily"):
         assert f" {table}," in line or f" {table};" in line
     assert "CREATE TEMPORARY TABLES on qwenspark" in line

@@ -10,7 +10,7 @@ from pyspark.sql import SparkSession
 from qwenspark.config import QwenSparkConfig
 from qwenspark.io import mysql
 from qwenspark.pipeline import run_batch
-from tests.spark.conftest import query, reset_tables
+from tests.spark.conftest import as_owner, query, reset_tables
 
 pytestmark = pytest.mark.spark
 
@@ -28,7 +28,7 @@ def test_ids_differing_by_case_width_trailing_space_or_emoji_stay_apart(
     for n, hotel in enumerate(IDS):
         rows.append((10 * n + 1, hotel, "Lovely quiet stay, great service."))
         rows.append((10 * n + 2, hotel, "Rude staff at the desk." if hotel in NEGATIVE_IDS else "Great service."))
-    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(echo_cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany("INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
                         " VALUES (%s, %s, '2026-11-29 12:00:00', 'en', NULL, %s)", rows)
     summary = run_batch(spark, echo_cfg)
@@ -45,9 +45,10 @@ def test_ids_differing_by_case_width_trailing_space_or_emoji_stay_apart(
     assert sorted(aspects) == sorted((h, 2) for h in IDS)
 
     # The dashboard's views group by hotel_id too.
-    hotels = query(echo_cfg, "SELECT hotel_id, reviews, negative FROM v_hotel_sentiment")
+    dashboard = as_owner(echo_cfg)  # the views are the dashboard's: the job's account may not read them
+    hotels = query(dashboard, "SELECT hotel_id, reviews, negative FROM v_hotel_sentiment")
     assert sorted((h, int(r), int(n)) for h, r, n in hotels) == sorted((h, 2, want[h][2]) for h in IDS)
-    radar = query(echo_cfg, "SELECT hotel_id, mentions FROM v_aspect_sentiment WHERE aspect = 'service'")
+    radar = query(dashboard, "SELECT hotel_id, mentions FROM v_aspect_sentiment WHERE aspect = 'service'")
     assert sorted((h, int(m)) for h, m in radar) == sorted((h, 2) for h in IDS)
     # Exact lookups: one id selects its own row only (no folding, no padding).
     with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:

@@ -24,7 +24,7 @@ from qwenspark.pipeline import run_batch
 from qwenspark.schemas import SENTIMENTS
 from qwenspark.stream import run_stream
 from tests.reliability.dbserver import aggregate_mismatches
-from tests.spark.conftest import echo_records, query, recording, reset_tables
+from tests.spark.conftest import echo_records, query, recording, reset_tables, source_table
 from tests.support.hostile import TABLE, HostileRow, class_counts, generate, write_json_lines, write_table
 
 pytestmark = pytest.mark.spark
@@ -133,7 +133,8 @@ def test_hostile_rows_through_the_batch_job(
     records = tmp_path / "echo"
     cfg = _cfg(echo_cfg, records, tmp_path)
     reset_tables(cfg)
-    write_table(cfg.db, hostile)
+    write_table(cfg.db.owner(), hostile)
+    cfg = source_table(cfg, TABLE)
 
     run_batch(spark, cfg)  # must not raise: no value the source table can hold fails a run
 
@@ -161,7 +162,8 @@ def test_hostile_rows_through_the_mysql_stream(
     records = tmp_path / "echo"
     cfg = _cfg(echo_cfg, records, tmp_path, source="mysql", max_rows_per_batch=500)
     reset_tables(cfg)
-    write_table(cfg.db, hostile)
+    write_table(cfg.db.owner(), hostile)
+    cfg = source_table(cfg, TABLE)
 
     report = run_stream(spark, cfg)  # returns only when caught up; raises if the query stopped
 

@@ -44,7 +44,7 @@ CONTENT = {
 
 
 def _insert(cfg: QwenSparkConfig, texts: list[str]) -> None:
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
             " VALUES (%s, 'H1', '2026-03-01 10:00:00', NULL, NULL, %s)",

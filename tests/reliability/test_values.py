@@ -20,7 +20,7 @@ from qwenspark.io import mysql
 from qwenspark.io.stream_source import as_input_row, reject_json
 from qwenspark.pipeline import run_batch
 from qwenspark.stream import run_stream
-from tests.spark.conftest import echo_records, query, recording, reset_tables
+from tests.spark.conftest import echo_records, query, recording, reset_tables, source_table
 from tests.support.echo_engine import EchoEngine
 
 pytestmark = pytest.mark.spark
@@ -84,7 +84,7 @@ def _out(case: Case, column: str) -> object:
 def _wild_cfg(cfg: QwenSparkConfig, cases: list[Case]) -> QwenSparkConfig:
     """cfg reading WILD, which holds exactly `cases` (the qwenspark tables emptied)."""
     reset_tables(cfg)
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(f"DROP TABLE IF EXISTS {WILD}")
         cur.execute(WILD_DDL)
         cur.execute("SET SESSION sql_mode = ''")  # a table filled by a lax writer: zero dates and all
@@ -92,7 +92,7 @@ def _wild_cfg(cfg: QwenSparkConfig, cases: list[Case]) -> QwenSparkConfig:
             f"INSERT INTO {WILD} (review_id, hotel_id, created_at, lang, rating, text) VALUES (%s, %s, %s, %s, %s, %s)",
             [(c.review_id, c.hotel_id, c.created_at, c.lang, c.rating, c.text) for c in cases],
         )
-    return cfg.model_copy(update={"source": cfg.source.model_copy(update={"table": WILD})})
+    return source_table(cfg, WILD)
 
 
 def _key(text: str) -> str:

@@ -10,17 +10,22 @@ import pandas as pd
 import pytest
 
 from qwenspark.config import QwenSparkConfig, load_config
-from qwenspark.io import migrate, mysql
+from qwenspark.io import grants, migrate, mysql
+from qwenspark.io.migrations.v003_result_versions import SEQUENCE_TABLE
 from tests.support.echo_engine import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _test_db(mariadb: dict[str, object]) -> list[str]:
+def server_sets(mariadb: dict[str, object]) -> list[str]:
+    """The --set overrides that point conf/local.yaml at the test server: the job's account, and the schema owner's
+    for init-db, reset_tables and writing hotel_reviews (never the job's account: it has SELECT there only)."""
     return [
         f"db.port={mariadb['port']}",
         f"db.password_file={mariadb['password_file']}",
         "db.password_env=QWENSPARK_TEST_NO_SUCH_VAR",
+        f"db.admin_password_file={mariadb['admin_password_file']}",
+        "db.admin_password_env=QWENSPARK_TEST_NO_SUCH_VAR",
     ]
 
 
@@ -32,7 +37,7 @@ def echo_cfg(mariadb: dict[str, object]) -> QwenSparkConfig:
     return load_config(
         ROOT / "conf" / "local.yaml",
         [
-            *_test_db(mariadb),
+            *server_sets(mariadb),
             "engine.kind=custom",
             "engine.factory=tests.support.echo_engine:build",
             "engine.model=echo",
@@ -49,7 +54,7 @@ def tiny_cfg(mariadb: dict[str, object], tiny_model: Path) -> QwenSparkConfig:
     return load_config(
         ROOT / "conf" / "local.yaml",
         [
-            *_test_db(mariadb),
+            *server_sets(mariadb),
             f"engine.model={tiny_model}",
             "engine.default_model=false",
             "engine.batch_size=4",
@@ -64,19 +69,36 @@ def tiny_cfg(mariadb: dict[str, object], tiny_model: Path) -> QwenSparkConfig:
 
 
 def reset_tables(cfg: QwenSparkConfig) -> None:
-    """Empty every qwenspark table (schema created if missing)."""
+    """Empty every qwenspark table; schema and grants made if missing (what init-db does, as the schema owner)."""
     migrate.migrate(cfg.db)
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
-        for table in ("hotel_reviews", "review_sentiment", "review_sentiment_stage", "job_runs",
-                      "hotel_sentiment_daily", "aspect_sentiment", "stream_commits", "stream_rejects"):
+    # The roles' grants on the schema's own tables; a test reading a table of its own grants it by source_table().
+    grants.apply(cfg.model_copy(update={"source": cfg.source.model_copy(update={"table": "hotel_reviews"})}))
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
+        # Every table the jobs write (review_tombstones too: one left by an earlier test's purge would make a later
+        # test's commit skip its reviews), but the sequences, which only grow.
+        for table in ("hotel_reviews", *(t for t in grants.RESULT_TABLES if t != SEQUENCE_TABLE)):
             cur.execute(f"DELETE FROM {table}")
 
 
 def load_reviews(cfg: QwenSparkConfig, reviews: pd.DataFrame, tmp_path: Path) -> None:
-    """Insert reviews (review_id, hotel_id, created_at, lang, rating, text) through the CLI's loader."""
+    """Insert reviews (review_id, hotel_id, created_at, lang, rating, text) through the CLI's loader (as the owner:
+    the reviews are the application's data, the job only reads them)."""
     path = tmp_path / "reviews.csv"
     reviews.to_csv(path, index=False)
-    mysql.load_reviews_csv(cfg.db, path)
+    mysql.load_reviews_csv(cfg.db.owner(), path)
+
+
+def as_owner(cfg: QwenSparkConfig) -> QwenSparkConfig:
+    """cfg logging in as the schema owner (db.admin_user): for what the job's account may not do (DDL, writing
+    hotel_reviews, reading the views)."""
+    return cfg.model_copy(update={"db": cfg.db.owner()})
+
+
+def source_table(cfg: QwenSparkConfig, table: str) -> QwenSparkConfig:
+    """cfg reading `table` (made by the schema owner), whose SELECT init-db's grants give the job role."""
+    cfg = cfg.model_copy(update={"source": cfg.source.model_copy(update={"table": table})})
+    grants.apply(cfg)
+    return cfg
 
 
 def query(cfg: QwenSparkConfig, sql: str) -> list[tuple[object, ...]]:

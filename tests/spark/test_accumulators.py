@@ -30,7 +30,7 @@ def test_a_real_stream_leaves_the_accumulator_registry_as_it_found_it(
     cfg = echo_cfg.model_copy(update={"stream": echo_cfg.stream.model_copy(update=stream),
                                       "job": echo_cfg.job.model_copy(update={"repartition": 1})})
     reset_tables(cfg)
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany("INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
                         " VALUES (%s, 'H1', '2026-11-29 12:00:00', 'en', NULL, %s)",
                         [(rid, dev_reviews.text.iloc[rid]) for rid in range(1, 25)])
@@ -46,7 +46,7 @@ def test_a_failed_run_releases_its_accumulators(spark: SparkSession, echo_cfg: Q
     engine = echo_cfg.engine.model_copy(update={"factory": "tests.support.echo_engine:no_such_factory"})
     cfg = echo_cfg.model_copy(update={"engine": engine})
     reset_tables(cfg)
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
                     " VALUES (1, 'H1', '2026-11-29 12:00:00', 'en', NULL, 'Nice room.')")
     before = set(_accumulatorRegistry)

@@ -67,7 +67,8 @@ def _reviews(dev: pd.DataFrame) -> pd.DataFrame:
 
 
 def _execute(cfg: QwenSparkConfig, sql: str) -> None:
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    """sql on hotel_reviews, as the application that owns it (the job's account may only read it)."""
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(sql)
 
 

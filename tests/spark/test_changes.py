@@ -88,7 +88,7 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
 ) -> None:
     reset_tables(echo_cfg)
     load_reviews(echo_cfg, _reviews(), tmp_path)
-    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(echo_cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(f"UPDATE hotel_reviews SET updated_at = '{STAMP1}'")  # explicit: the night's window holds them
 
     first = run_batch(spark, _nightly(echo_cfg, *NIGHT1))
@@ -102,7 +102,7 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
     # Between the nights: an edit of the text, an edit of the rating only, a review moved to another hotel (same
     # text), a late insert with an old created_at, four deletes. Nobody sets updated_at: the DDL does.
     t0 = _db_now(echo_cfg)
-    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(echo_cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("UPDATE hotel_reviews SET text = %s WHERE review_id = %s", (NEGATIVE_TEXT, EDITED))
         cur.execute("UPDATE hotel_reviews SET rating = 2 WHERE review_id = %s", (RATED,))
         cur.execute("UPDATE hotel_reviews SET hotel_id = 'H2' WHERE review_id = %s", (MOVED,))
@@ -161,7 +161,7 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
     assert snapshot(echo_cfg) == held
 
     # `qwenspark purge-deleted`, bounded by source.max_id, then not: two more deletes, one purge each.
-    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(echo_cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("DELETE FROM hotel_reviews WHERE review_id IN (1, 11)")
     config = tmp_path / "purge.yaml"
     config.write_text(yaml.safe_dump(echo_cfg.model_dump(mode="json")), encoding="utf-8")
@@ -181,7 +181,7 @@ def test_updated_at_window_is_half_open(echo_cfg: QwenSparkConfig, tmp_path: Pat
     load_reviews(echo_cfg, _reviews().head(5), tmp_path)
     stamps = {1: "2026-11-01 23:59:59.999", 2: "2026-11-02 00:00:00", 3: "2026-11-02 15:59:59.999",
               4: "2026-11-02 16:00:00", 5: "2026-11-03 00:00:00"}
-    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(echo_cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         for rid, at in stamps.items():
             cur.execute("UPDATE hotel_reviews SET updated_at = %s WHERE review_id = %s", (at, rid))
     assert jdbc.id_bounds(_nightly(echo_cfg, "2026-11-02", "2026-11-03")) == (2, 4, 3)
@@ -194,7 +194,7 @@ def test_upgrade_to_v004_keeps_reviews_and_selects_them_once(echo_cfg: QwenSpark
     nightly window re-checks every existing review), its index and job_runs.rows_purged; nothing is lost."""
     reset_tables(echo_cfg)
     load_reviews(echo_cfg, _reviews(), tmp_path)
-    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:  # back to v002's tables
+    with mysql.connect(echo_cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:  # back to v002's tables
         cur.execute("ALTER TABLE hotel_reviews DROP INDEX ix_hotel_reviews_updated, DROP COLUMN updated_at")
         cur.execute("ALTER TABLE job_runs DROP COLUMN rows_purged")
         cur.execute(f"DELETE FROM {migrate.SCHEMA_TABLE} WHERE version = 4")
@@ -229,7 +229,7 @@ def test_purge_waits_for_the_commit_lock_and_chunks(echo_cfg: QwenSparkConfig) -
     import threading
 
     reset_tables(echo_cfg)
-    with mysql.connect(echo_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(echo_cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO review_sentiment (review_id, hotel_id, review_created_at, input_key, sentiment, aspects,"
             " truncated, model, prompt_version, tokens_in, tokens_out, latency_ms, analysed_at, run_id) VALUES"

@@ -554,7 +554,7 @@ def test_old_stage_layout_is_migrated(tiny_cfg: QwenSparkConfig, staged_before: 
     rng = random.Random(staged_before)
     run_id = str(uuid.uuid4())
     rows = [_result(rng, i) for i in range(1, 13)]
-    with mysql.connect(tiny_cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(tiny_cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("DROP TABLE review_sentiment_stage")
         cur.execute(OLD_STAGE_DDL)
         cur.execute(f"DROP TABLE {migrate.SCHEMA_TABLE}")  # as released before schema versions

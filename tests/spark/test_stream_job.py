@@ -44,7 +44,7 @@ def _stream_cfg(cfg: QwenSparkConfig, tmp_path: Path, **stream: object) -> QwenS
 
 
 def _insert(cfg: QwenSparkConfig, rows: Iterable[tuple[int, str | None]]) -> None:
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
+    with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         cur.executemany(
             "INSERT INTO hotel_reviews (review_id, hotel_id, created_at, lang, rating, text)"
             " VALUES (%s, %s, '2026-11-29 12:00:00', 'en', NULL, %s)",

@@ -320,7 +320,8 @@ def class_counts(rows: Iterable[HostileRow]) -> Counter[str]:
 
 
 def write_table(db: DbConfig, rows: Sequence[HostileRow], table: str = TABLE) -> None:
-    """(Re)create `table` with permissive columns and insert rows exactly as they are (zero dates included)."""
+    """(Re)create `table` with permissive columns and insert rows exactly as they are (zero dates included); db: an
+    account that may create tables (the schema owner's: DbConfig.owner())."""
     with mysql.connect(db, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute(f"DROP TABLE IF EXISTS {table}")
         cur.execute(TABLE_DDL.replace(TABLE, table, 1))
