@@ -27,39 +27,20 @@ from qwenspark.config import QwenSparkConfig
 from qwenspark.io import delta, migrate, mysql
 from qwenspark.pipeline import RunSummary, run_batch
 from qwenspark.stream import StreamReport, job_name, run_stream
-from tests.spark.conftest import as_owner, load_reviews, query, reset_tables
+from tests.spark.conftest import AGGREGATES, as_owner, assert_consistent, load_reviews, query, reset_tables
 from tests.spark.test_sink_commit import Row, _expected, _result, _stage, _start_run, _stored
 
 pytestmark = pytest.mark.spark
 
-AGGREGATES = ("hotel_sentiment_daily", "aspect_sentiment")
 
 
 # ---------------------------------------------------------------------------------------------------- helpers
 
 
-def _aggregates(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
-    return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2, 3") for t in AGGREGATES}
 
 
-def _recomputed(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
-    """The aggregates as sql/recompute_aggregates.sql computes them from review_sentiment (rolled back after)."""
-    with mysql.connect(cfg.db) as conn:
-        mysql.run_script(conn, mysql.sql_text("recompute_aggregates.sql"))
-        with conn.cursor() as cur:
-            tables = {}
-            for t in AGGREGATES:
-                cur.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3")
-                tables[t] = list(cur.fetchall())
-        conn.rollback()
-    return tables
 
 
-def _assert_consistent(cfg: QwenSparkConfig) -> None:
-    """The aggregates are what a full recompute from review_sentiment gives (and not empty)."""
-    got = _aggregates(cfg)
-    assert got["hotel_sentiment_daily"], "no aggregates at all"
-    assert got == _recomputed(cfg)
 
 
 def _commit(cfg: QwenSparkConfig, rows: Sequence[Row], input_seq: int | None, chunk_rows: int = 50_000) -> RunSummary:
@@ -113,14 +94,14 @@ def test_an_older_run_committing_after_a_newer_one_changes_nothing(echo_cfg: Qwe
     assert _stored(cfg) == _expected([*older[:12], *newer]), "reviews 13..24 keep the newer run's results"
     by_run = dict(query(cfg, "SELECT input_seq, COUNT(*) FROM review_sentiment GROUP BY input_seq"))
     assert by_run == {older_seq: 12, newer_seq: 24}
-    _assert_consistent(cfg)
+    assert_consistent(cfg)
 
     # A newer run committing after an older one replaces its rows, as always.
     newest = [_result(rng, i) for i in range(1, 7)]
     last = _commit(cfg, newest, mysql.take_seq(cfg.db, mysql.INPUT_SEQ))
     assert (last.rows_changed, last.rows_stale) == (6, 0)
     assert _stored(cfg) == _expected([*older[:12], *newer, *newest])
-    _assert_consistent(cfg)
+    assert_consistent(cfg)
 
 
 def test_a_run_that_read_a_review_before_its_purge_does_not_write_it_back(echo_cfg: QwenSparkConfig) -> None:
@@ -149,13 +130,13 @@ def test_a_run_that_read_a_review_before_its_purge_does_not_write_it_back(echo_c
     assert (done.rows_changed, done.rows_stale) == (6, 2)
     assert _stored(cfg) == _expected(late[:6]), "reviews 7 and 8 stay deleted"
     assert sorted(r for (r,) in query(cfg, "SELECT review_id FROM review_tombstones")) == [7, 8]
-    _assert_consistent(cfg)
+    assert_consistent(cfg)
 
     source(insert, [(8,)])  # review 8 comes back; a run that reads it after the purge writes it
     again = _commit(cfg, [late[7]], mysql.take_seq(cfg.db, mysql.INPUT_SEQ))
     assert (again.rows_changed, again.rows_stale) == (1, 0)
     assert _stored(cfg) == _expected([*late[:6], late[7]])
-    _assert_consistent(cfg)
+    assert_consistent(cfg)
 
 
 def test_commits_racing_past_the_commit_lock_count_and_aggregate_exactly(
@@ -210,7 +191,7 @@ def test_commits_racing_past_the_commit_lock_count_and_aggregate_exactly(
     assert _stored(cfg) == _expected(runs[seqs[1]][1]), "the newer run's results are stored"
     assert query(cfg, "SELECT SUM(reviews) FROM hotel_sentiment_daily")[0][0] == sum(
         1 for r in runs[seqs[1]][1] if r["hotel_id"] is not None and r["review_created_at"] is not None)
-    _assert_consistent(cfg)
+    assert_consistent(cfg)
 
 
 def test_a_deadlock_in_a_one_chunk_commit_or_in_the_finish_is_retried(
@@ -241,7 +222,7 @@ def test_a_deadlock_in_a_one_chunk_commit_or_in_the_finish_is_retried(
     assert _run_row(cfg, single.run_id) == ("succeeded", 10, 10, 0, single.input_seq, single.commit_seq)
     assert _run_row(cfg, chunked.run_id) == ("succeeded", 26, 26, 0, chunked.input_seq, chunked.commit_seq)
     assert _stored(cfg) == _expected([*one, *chunked_rows])
-    _assert_consistent(cfg)
+    assert_consistent(cfg)
 
 
 # ---------------------------------------------------------------------------------------------------- Delta
@@ -430,7 +411,7 @@ def test_stream_and_batch_at_once_over_the_same_reviews(
     # Both orders happened: the batch overwrote micro-batches that read before it, and lost to those that read after.
     assert 0 < stale < n and writes > n, (writes, stale)
     assert int(query(cfg, "SELECT SUM(reviews) FROM hotel_sentiment_daily")[0][0]) == n
-    _assert_consistent(cfg)
+    assert_consistent(cfg)
     assert query(cfg, "SELECT COUNT(*) FROM review_sentiment_stage")[0][0] == 0
     assert list(itertools.pairwise([int(r[7]) for r in runs])) and all(
         a < b for a, b in itertools.pairwise([int(r[7]) for r in runs])), "commit_seq: one per run, increasing"

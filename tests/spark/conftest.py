@@ -125,3 +125,31 @@ def recording(cfg: QwenSparkConfig, folder: Path) -> QwenSparkConfig:
 def echo_records(folder: Path, event: str = "call") -> list[dict[str, Any]]:
     """The echo engine's records of one event kind, from every process that wrote under folder."""
     return read_records(folder, event)
+
+
+AGGREGATES = ("hotel_sentiment_daily", "aspect_sentiment")
+
+
+def aggregates(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
+    """The rows of both aggregate tables, in key order."""
+    return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2, 3") for t in AGGREGATES}
+
+
+def recomputed(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
+    """The aggregates as sql/recompute_aggregates.sql computes them from review_sentiment (rolled back after)."""
+    with mysql.connect(cfg.db) as conn:
+        mysql.run_script(conn, mysql.sql_text("recompute_aggregates.sql"))
+        with conn.cursor() as cur:
+            tables = {}
+            for t in AGGREGATES:
+                cur.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3")
+                tables[t] = list(cur.fetchall())
+        conn.rollback()
+    return tables
+
+
+def assert_consistent(cfg: QwenSparkConfig) -> None:
+    """The aggregates are what a full recompute from review_sentiment gives (and not empty)."""
+    got = aggregates(cfg)
+    assert got["hotel_sentiment_daily"], "no aggregates at all"
+    assert got == recomputed(cfg)

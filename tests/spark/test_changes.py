@@ -18,11 +18,10 @@ from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import SourceError
 from qwenspark.io import jdbc, migrate, mysql
 from qwenspark.pipeline import run_batch
-from tests.spark.conftest import ROOT, load_reviews, query, reset_tables, snapshot
+from tests.spark.conftest import ROOT, aggregates, load_reviews, query, recomputed, reset_tables, snapshot
 
 pytestmark = pytest.mark.spark
 
-AGGREGATES = ("hotel_sentiment_daily", "aspect_sentiment")
 NIGHT1 = ("2026-11-02 00:00:00", "2026-11-03 00:00:00")
 STAMP1 = "2026-11-02 12:00:00"  # updated_at of every review before the first night's run
 EDITED, RATED, MOVED, LATE, ALONE = 4, 7, 10, 13, 12
@@ -56,21 +55,8 @@ def _nightly(cfg: QwenSparkConfig, start: object, end: object) -> QwenSparkConfi
     })
 
 
-def _aggregates(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
-    return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2, 3") for t in AGGREGATES}
 
 
-def _recomputed(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
-    """The aggregates as sql/recompute_aggregates.sql computes them from review_sentiment (rolled back)."""
-    with mysql.connect(cfg.db) as conn:
-        mysql.run_script(conn, mysql.sql_text("recompute_aggregates.sql"))
-        with conn.cursor() as cur:
-            tables = {}
-            for t in AGGREGATES:
-                cur.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3")
-                tables[t] = list(cur.fetchall())
-        conn.rollback()
-    return tables
 
 
 def _daily(cfg: QwenSparkConfig) -> dict[tuple[str, str], tuple[int, int, int]]:
@@ -96,7 +82,7 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
         "succeeded", 12, 12, 12, 0)
     before = _daily(echo_cfg)
     assert before[("H9", "2026-11-01")] == (1, 1, 0)
-    assert _aggregates(echo_cfg) == _recomputed(echo_cfg)
+    assert aggregates(echo_cfg) == recomputed(echo_cfg)
     key_before = query(echo_cfg, f"SELECT input_key FROM review_sentiment WHERE review_id = {EDITED}")[0][0]
 
     # Between the nights: an edit of the text, an edit of the rating only, a review moved to another hotel (same
@@ -135,7 +121,7 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
     assert [tuple(r) for r in runs] == [(12, 0), (3, len(DELETED))]
 
     # The aggregates: what a full recompute gives, and these changes exactly.
-    assert _aggregates(echo_cfg) == _recomputed(echo_cfg)
+    assert aggregates(echo_cfg) == recomputed(echo_cfg)
     after = _daily(echo_cfg)
     assert ("H9", "2026-11-01") not in after, "a key left without reviews is deleted"
     assert not query(echo_cfg, "SELECT 1 FROM aspect_sentiment WHERE hotel_id = 'H9'")
@@ -171,7 +157,7 @@ def test_edits_late_inserts_and_deletes_between_nightly_runs(
         assert out.returncode == 0, out.stderr
         assert "1 result(s) of reviews no longer in hotel_reviews removed" in out.stdout
         assert query(echo_cfg, "SELECT COUNT(*) FROM review_sentiment")[0][0] == left
-    assert _aggregates(echo_cfg) == _recomputed(echo_cfg)
+    assert aggregates(echo_cfg) == recomputed(echo_cfg)
     assert sum(v[0] for v in _daily(echo_cfg).values()) == 13 - len(DELETED) - 2
 
 
@@ -255,4 +241,4 @@ def test_purge_waits_for_the_commit_lock_and_chunks(echo_cfg: QwenSparkConfig) -
     assert [r[0] for r in query(echo_cfg, "SELECT review_id FROM review_sentiment")] == [3]
     assert _daily(echo_cfg) == {("H1", "2026-11-02"): (1, 1, 0)}
     assert query(echo_cfg, "SELECT aspect, mentions, positive FROM aspect_sentiment") == [("room", 1, 1)]
-    assert _aggregates(echo_cfg) == _recomputed(echo_cfg)
+    assert aggregates(echo_cfg) == recomputed(echo_cfg)
