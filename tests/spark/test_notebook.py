@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 from qwenspark.config import QwenSparkConfig
-from tests.spark.conftest import ROOT, load_reviews, query, reset_tables
+from tests.spark.conftest import ROOT, load_reviews, query, reset_tables, server_sets
 
 pytestmark = [pytest.mark.spark, pytest.mark.engine]
 
@@ -27,7 +27,7 @@ def test_walkthrough_notebook_runs(
     monkeypatch.setenv(
         "QWENSPARK_NOTEBOOK_SET",
         json.dumps([
-            f"db.port={mariadb['port']}", f"db.password_file={mariadb['password_file']}",
+            *server_sets(mariadb),  # the job's account, and the owner's that the notebook reads the views with
             f"engine.model={tiny_model}", "engine.default_model=false", "engine.max_tokens=384",
             "engine.env.VLLM_CPU_KVCACHE_SPACE=1",
         ]),
