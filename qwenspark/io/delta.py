@@ -236,15 +236,10 @@ def _copy_lock(cfg: QwenSparkConfig) -> Iterator[None]:
     """Serialise the copies of the drivers that share a Delta table (a batch and a stream committing together
     would otherwise both find a run above the watermark and append it twice, or fail on the app transaction)."""
     name = COPY_LOCK + hashlib.sha256(cfg.delta.path.encode()).hexdigest()[:40]
-    with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute("SELECT GET_LOCK(%s, %s)", (name, COPY_LOCK_TIMEOUT_S))
-        if cur.fetchone()[0] != 1:
-            raise TimeoutError(f"another Delta copy held {cfg.delta.path} for {COPY_LOCK_TIMEOUT_S} s")
-        try:
-            yield
-        finally:
-            cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
-            cur.fetchall()
+    busy = f"another Delta copy held {cfg.delta.path} for {COPY_LOCK_TIMEOUT_S} s"
+    with mysql.connect(cfg.db, autocommit=True) as conn, \
+            mysql.named_lock(conn, name, COPY_LOCK_TIMEOUT_S, lambda: TimeoutError(busy)):
+        yield
 
 
 def copy_after_commit(cfg: QwenSparkConfig, run_id: str) -> bool:

@@ -27,7 +27,7 @@ from pydantic import SecretStr
 from qwenspark.config import DbConfig
 from qwenspark.errors import ConfigError, SinkError
 from qwenspark.io import migrations
-from qwenspark.io.mysql import Connection, connect, run_script, sql_text
+from qwenspark.io.mysql import Connection, connect, named_lock, run_script, sql_text
 
 log = logging.getLogger(__name__)
 
@@ -180,29 +180,27 @@ def migrate(db: DbConfig, *, password: SecretStr | None = None, views: bool = Tr
     """
     with connect(db.owner(), autocommit=True, password=password) as conn:
         m = Migrator(conn)
-        lock = f"{LOCK}{db.database}"[:64]
-        if m.scalar("SELECT GET_LOCK(%s, %s)", (lock, LOCK_TIMEOUT_S)) != 1:
-            raise SinkError(f"another init-db held the migration lock for {LOCK_TIMEOUT_S} s")
+        busy = f"another init-db held the migration lock for {LOCK_TIMEOUT_S} s"
         try:
-            m.execute(
-                f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} ("
-                " version INT NOT NULL PRIMARY KEY, name VARCHAR(128) NOT NULL,"
-                " applied_at DATETIME(3) NOT NULL, applied_by VARCHAR(255) NOT NULL"
-                ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci")
-            done = applied_versions(conn)
-            if done - VERSIONS:
-                check_version(done, db)
-            applied = []
-            for migration in (m for m in MIGRATIONS if m.version not in done):
-                log.info("schema: applying v%03d %s", migration.version, migration.name)
-                migration.apply(m)
+            with named_lock(conn, f"{LOCK}{db.database}"[:64], LOCK_TIMEOUT_S, lambda: SinkError(busy)):
                 m.execute(
-                    f"INSERT INTO {SCHEMA_TABLE} (version, name, applied_at, applied_by)"
-                    " VALUES (%s, %s, UTC_TIMESTAMP(3), CURRENT_USER())", (migration.version, migration.name))
-                applied.append(migration.version)
-            if applied or views:
-                m.script("views.sql")
-            return applied
+                    f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} ("
+                    " version INT NOT NULL PRIMARY KEY, name VARCHAR(128) NOT NULL,"
+                    " applied_at DATETIME(3) NOT NULL, applied_by VARCHAR(255) NOT NULL"
+                    ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci")
+                done = applied_versions(conn)
+                if done - VERSIONS:
+                    check_version(done, db)
+                applied = []
+                for migration in (x for x in MIGRATIONS if x.version not in done):
+                    log.info("schema: applying v%03d %s", migration.version, migration.name)
+                    migration.apply(m)
+                    m.execute(
+                        f"INSERT INTO {SCHEMA_TABLE} (version, name, applied_at, applied_by)"
+                        " VALUES (%s, %s, UTC_TIMESTAMP(3), CURRENT_USER())", (migration.version, migration.name))
+                    applied.append(migration.version)
+                if applied or views:
+                    m.script("views.sql")
+                return applied
         finally:
-            m.execute("SELECT RELEASE_LOCK(%s)", (lock,))
             m.close()

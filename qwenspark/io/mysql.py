@@ -9,7 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -535,22 +535,28 @@ def commit_lock_name(db: DbConfig) -> str:
 
 
 @contextmanager
-def holding_commit_lock(conn: Connection, db: DbConfig, what: str) -> Iterator[None]:
-    """Hold the commit lock on conn while the block runs (waits up to COMMIT_LOCK_TIMEOUT_S for a commit)."""
-    lock = commit_lock_name(db)
+def named_lock(conn: Connection, name: str, timeout_s: int, busy: Callable[[], Exception]) -> Iterator[None]:
+    """Hold the server's named lock `name` on conn while the block runs; raise busy() when another session held
+    it for timeout_s. A session that is gone on the way out has released the lock with it."""
     with conn.cursor() as cur:
-        cur.execute("SELECT GET_LOCK(%s, %s)", (lock, COMMIT_LOCK_TIMEOUT_S))
+        cur.execute("SELECT GET_LOCK(%s, %s)", (name, timeout_s))
         if cur.fetchone()[0] != 1:
-            raise SinkError(f"{what}: another run held the commit lock for {COMMIT_LOCK_TIMEOUT_S} s")
+            raise busy()
     try:
         yield
     finally:
         try:
             with conn.cursor() as cur:
-                cur.execute("SELECT RELEASE_LOCK(%s)", (lock,))
+                cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
                 cur.fetchall()
-        except mysql.connector.Error:  # the session is gone, and the lock with it
-            log.debug("%s: commit lock not released explicitly", what, exc_info=True)
+        except mysql.connector.Error:
+            log.debug("named lock %s not released explicitly", name, exc_info=True)
+
+
+def holding_commit_lock(conn: Connection, db: DbConfig, what: str) -> AbstractContextManager[None]:
+    """Hold the commit lock on conn while the block runs (waits up to COMMIT_LOCK_TIMEOUT_S for a commit)."""
+    return named_lock(conn, commit_lock_name(db), COMMIT_LOCK_TIMEOUT_S,
+                      lambda: SinkError(f"{what}: another run held the commit lock for {COMMIT_LOCK_TIMEOUT_S} s"))
 
 
 @functools.cache
