@@ -102,33 +102,24 @@ def migrate_stage(conn: Connection) -> str | None:
     The old key made a Spark write task that was retried after a partial write fail on its own rows. Detected
     through information_schema; an empty old table is dropped and created from schema.sql, one that holds rows
     (a run that failed before its commit, or one still staging) is altered in place, keeping them (each gets a
-    stage_seq of its own). Serialised by a named lock, so that runs starting together migrate once.
+    stage_seq of its own). Only schema v001 calls it, under init-db's migration lock (migrate.migrate).
     Returns 'recreated', 'altered' or None (nothing to do). conn must be in autocommit mode (DDL).
     """
     with conn.cursor() as cur:
         if _stage_is_current(cur):
             return None
-        cur.execute("SELECT GET_LOCK('qwenspark.migrate_stage', 60)")
-        if cur.fetchone()[0] != 1:
-            raise SinkError(f"could not take the lock to migrate {STAGE}")
-        try:
-            if _stage_is_current(cur):  # another run migrated it meanwhile
-                return None
-            cur.execute(f"SELECT EXISTS (SELECT 1 FROM {STAGE})")
-            if not cur.fetchone()[0]:
-                cur.execute(f"DROP TABLE {STAGE}")
-                cur.execute(_stage_ddl())
-                action = "recreated"
-            else:
-                cur.execute(
-                    f"ALTER TABLE {STAGE} ADD COLUMN stage_seq BIGINT UNSIGNED NOT NULL DEFAULT (UUID_SHORT())"
-                    " COMMENT 'arrival order: the latest copy wins',"
-                    " DROP PRIMARY KEY, ADD PRIMARY KEY (run_id, review_id, stage_seq)"
-                )
-                action = "altered"
-        finally:
-            cur.execute("SELECT RELEASE_LOCK('qwenspark.migrate_stage')")
-            cur.fetchall()
+        cur.execute(f"SELECT EXISTS (SELECT 1 FROM {STAGE})")
+        if not cur.fetchone()[0]:
+            cur.execute(f"DROP TABLE {STAGE}")
+            cur.execute(_stage_ddl())
+            action = "recreated"
+        else:
+            cur.execute(
+                f"ALTER TABLE {STAGE} ADD COLUMN stage_seq BIGINT UNSIGNED NOT NULL DEFAULT (UUID_SHORT())"
+                " COMMENT 'arrival order: the latest copy wins',"
+                " DROP PRIMARY KEY, ADD PRIMARY KEY (run_id, review_id, stage_seq)"
+            )
+            action = "altered"
     log.warning("%s had the old layout (unique (run_id, review_id)): %s with stage_seq", STAGE, action)
     return action
 
