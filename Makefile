@@ -12,11 +12,12 @@ JAR     := /usr/share/java/mariadb-java-client.jar
 NOISE   := ^\(|^\[W|^WARNING|^Using Spark|^Setting default|^To adjust|^[0-9/]+ [0-9:]+ (WARN|INFO)|Warning|warn\(|wrapper = |if hasattr|^Loading safetensors|^$$|^Triton
 APT_PKGS := mariadb-server mariadb-client libmariadb-java
 
-.PHONY: demo stream test deps venv db db-stop model lint sql bench clean help
+.PHONY: demo stream dashboard test deps browser venv db db-stop model lint sql bench clean help
 
 help:
 	@echo "make demo   - run the batch job on the demo reviews (installs and starts what it needs)"
 	@echo "make stream - run the streaming job on the demo database (Ctrl-C stops it; a restart resumes)"
+	@echo "make dashboard - serve the web dashboard on the demo database: http://127.0.0.1:8050"
 	@echo "make test   - lint, type-check and run the tests"
 	@echo "make sql Q='SELECT ...' - query the demo database;  make db-stop - stop it"
 
@@ -32,10 +33,10 @@ deps:
 
 venv: $(VENV_OK)
 $(VENV_OK): pyproject.toml
-	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev] (first time: about 2-3 min, 4.5 GB)"
+	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev,delta,dashboard] (first time: about 2-3 min, 4.5 GB)"
 	@test -x $(PY) || python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install --progress-bar on -e ".[cpu,hf,dev,delta]" | grep -E "^(Collecting|Installing|Successfully)" || true
+	@$(PY) -m pip install --progress-bar on -e ".[cpu,hf,dev,delta,dashboard]" | grep -E "^(Collecting|Installing|Successfully)" || true
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside CPU torch.
 	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@$(PY) -c "import vllm, pyspark; print('[venv] vllm', vllm.__version__, '/ pyspark', pyspark.__version__)"
@@ -59,6 +60,12 @@ demo: deps venv db model
 	@set -o pipefail; .venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
 	  --conf spark.ui.showConsoleProgress=false --driver-java-options -Duser.timezone=UTC jobs/hotel_sentiment.py --config conf/local.yaml \
 	  2>&1 | tee .run/demo-job.log | grep --line-buffered -vE '$(NOISE)'
+	@echo "[demo] see the results: make dashboard, then open http://127.0.0.1:8050"
+
+dashboard: deps venv db
+	@.venv/bin/qwenspark -q init-db --config conf/local.yaml >/dev/null  # the views, and their grant to the dashboard
+	@echo "[dashboard] http://127.0.0.1:8050 (read-only account qwenspark_dashboard; Ctrl-C stops it)"
+	@.venv/bin/qwenspark -q dashboard --config conf/local.yaml
 
 stream: deps venv db model
 	@.venv/bin/qwenspark -q init-db --config conf/local.yaml >/dev/null  # as the schema owner: the job has DML only
@@ -77,7 +84,18 @@ lint: venv
 	@.venv/bin/ruff check qwenspark tests bench jobs dags
 	@.venv/bin/mypy qwenspark
 
-test: deps venv lint
+# The dashboard's browser tests drive Debian's chromium (Playwright brings no browser here) with a CJK font.
+BROWSER_PKGS := chromium fonts-wqy-microhei
+browser:
+	@if command -v chromium >/dev/null && fc-list 2>/dev/null | grep -qi "WenQuanYi Micro Hei"; then \
+	  echo "[browser] chromium and a CJK font: present"; \
+	else \
+	  echo "[browser] installing Debian packages: $(BROWSER_PKGS)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(BROWSER_PKGS) >/dev/null; \
+	fi
+
+test: deps venv browser lint
 	@echo "[test] pytest (starts its own MariaDB on a free 127.0.0.1 port, local Spark, Airflow in .venv-airflow; fetches the default model once)"
 	@.venv/bin/python -m pytest -q tests
 

@@ -1,4 +1,4 @@
-"""`qwenspark batch|stream|eval|init-db|purge-deleted|load-reviews|fetch-model|config-template`: the command line."""
+"""The `qwenspark` command line: batch, stream, eval, dashboard, init-db, purge-deleted, load-reviews, fetch-model..."""
 
 from __future__ import annotations
 
@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--limit", type=int, help="rows to use, split evenly across languages (seeded sample)")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed for --limit")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    dash = sub.add_parser(
+        "dashboard", help="serve the web dashboard over the result views, as the read-only db.dashboard_user")
+    _config_args(dash)
+    dash.add_argument("--host", help="address to bind (default: dashboard.host, 127.0.0.1)")
+    dash.add_argument("--port", type=int, help="TCP port (default: dashboard.port, 8050)")
     _config_args(sub.add_parser(
         "init-db",
         help="as the schema owner (db.admin_user): apply the schema migrations, (re)create the dashboard views, "
@@ -126,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(resolve_config_path(args.config), args.overrides)
         return int(_COMMANDS[args.command](cfg, args))
     except Exception as exc:  # every failure ends as one line and an exit code; the traceback at debug level
-        db = None if cfg is None else cfg.db.owner() if args.command in AS_OWNER else cfg.db
+        db = None if cfg is None else cfg.db.owner() if args.command in AS_OWNER else (
+            cfg.db.dashboard() if args.command == "dashboard" else cfg.db)
         return fail(exc, db)
 
 
@@ -225,6 +231,24 @@ def _load_reviews(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    import mysql.connector
+
+    from qwenspark.dashboard.app import serve
+
+    try:
+        serve(cfg, args.host, args.port)
+    except mysql.connector.errors.ProgrammingError as exc:
+        if exc.errno == 1146:  # no such table: the views of this release are not there yet
+            raise ConfigError(f"the dashboard views are missing in {cfg.db.database}: run `qwenspark init-db` "
+                              "(as the schema owner) first") from None
+        if exc.errno in (1142, 1143):
+            raise ConfigError(f"{cfg.db.dashboard_user} may not read the dashboard views: give it db.dashboard_role "
+                              "as its default role and run `qwenspark init-db`") from None
+        raise
+    return 0
+
+
 def _fetch_model(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     from qwenspark.models.default import ensure_default_model
 
@@ -236,6 +260,7 @@ _COMMANDS = {
     "batch": _batch,
     "stream": _stream,
     "eval": _eval,
+    "dashboard": _dashboard,
     "init-db": _init_db,
     "purge-deleted": _purge_deleted,
     "load-reviews": _load_reviews,

@@ -88,6 +88,17 @@ class DbConfig(_Section):
         pattern=ROLE_PATTERN,
         description="Role that `qwenspark init-db` grants SELECT on the dashboard views (v_*) only (None: no grants).",
     )
+    dashboard_user: str = Field(
+        "qwenspark_dashboard",
+        description="Account `qwenspark dashboard` logs in as: read-only, holding db.dashboard_role (SELECT on the "
+        "v_* views only).",
+    )
+    dashboard_password_env: str = Field(
+        "QWENSPARK_DASHBOARD_PASSWORD", description="dashboard_user's password: environment variable (checked first)."
+    )
+    dashboard_password_file: Path | None = Field(
+        None, description="dashboard_user's password: file whose first line is it, when the env variable is unset."
+    )
     jdbc_jar: Path = Field(
         Path("/usr/share/java/mariadb-java-client.jar"), description="JDBC driver jar (MariaDB Connector/J)."
     )
@@ -129,6 +140,16 @@ class DbConfig(_Section):
             "password_file": self.admin_password_file,
         })
         copy._keys = "admin_"
+        return copy
+
+    def dashboard(self) -> DbConfig:
+        """This connection as the dashboard's read-only account (dashboard_user and its password)."""
+        copy = self.model_copy(update={
+            "user": self.dashboard_user,
+            "password_env": self.dashboard_password_env,
+            "password_file": self.dashboard_password_file,
+        })
+        copy._keys = "dashboard_"
         return copy
 
     @property
@@ -542,6 +563,34 @@ class StreamConfig(_Section):
     )
 
 
+class DashboardConfig(_Section):
+    """The web dashboard (`qwenspark dashboard`): where it listens and what its page shows."""
+
+    host: str = Field("127.0.0.1", description="Address to bind (loopback by default: the page has no login).")
+    port: int = Field(8050, ge=1, le=65535, description="TCP port.")
+    poll_seconds: int = Field(30, ge=2, le=3600, description="How often the page asks for new data.")
+    default_days: int = Field(
+        90, ge=1, le=3660, description="Date range shown when the URL names none: the last N days that have results."
+    )
+    top_hotels: int = Field(
+        20, ge=3, le=100, description="Hotels drawn in the ranking and the heatmap (the rest are one 'others' entry)."
+    )
+    latest_reviews: int = Field(20, ge=1, le=200, description="Negative and mixed reviews listed.")
+    review_url: str | None = Field(
+        None,
+        description="Link of a listed review, with {review_id} in it (e.g. your review admin); None: the "
+        "dashboard's own /api/review/{review_id}.",
+    )
+    pool_size: int = Field(4, ge=1, le=64, description="Database connections the dashboard keeps open.")
+
+    @field_validator("review_url")
+    @classmethod
+    def _review_url_has_id(cls, value: str | None) -> str | None:
+        if value is not None and "{review_id}" not in value:
+            raise ValueError("must contain {review_id}")
+        return value
+
+
 class QwenSparkConfig(_Section):
     """The whole configuration of a qwenspark job."""
 
@@ -555,11 +604,15 @@ class QwenSparkConfig(_Section):
     spark: SparkConfig = Field(default_factory=SparkConfig, description="Spark settings.")
     delta: DeltaConfig = Field(default_factory=DeltaConfig, description="Optional Delta Lake copy of the results.")
     stream: StreamConfig = Field(default_factory=StreamConfig, description="Structured Streaming job.")
+    dashboard: DashboardConfig = Field(default_factory=DashboardConfig, description="Web dashboard.")
 
     def config_hash(self) -> str:
         """Hash of everything that shapes results (recorded in job_runs); holds no secret."""
-        secrets = {"password_file", "admin_password_file"}
-        payload = self.model_dump(mode="json", exclude={"spark": True, "stream": True, "db": secrets})
+        # The dashboard's account shapes no result either.
+        secrets = {"password_file", "admin_password_file", "dashboard_user", "dashboard_password_env",
+                   "dashboard_password_file"}
+        payload = self.model_dump(
+            mode="json", exclude={"spark": True, "stream": True, "dashboard": True, "db": secrets})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -166,6 +166,11 @@ def test_wheel_contents(wheel: Path) -> None:
         packaged = zipfile.ZipFile(wheel).read(f"qwenspark/templates/{name}.yaml")
         assert packaged == (ROOT / "conf" / f"{name}.yaml").read_bytes()
     assert "qwenspark/models/default.py" in names
+    # The dashboard works offline: its page, script and ECharts (with the licence) are in the wheel.
+    static = "qwenspark/dashboard/static/"
+    assert {f"{static}index.html", f"{static}dashboard.js", f"{static}dashboard.css",
+            f"{static}vendor/echarts-6.1.0.min.js", f"{static}vendor/ECHARTS-LICENSE",
+            f"{static}vendor/ECHARTS-NOTICE"} <= names
     assert not [n for n in names if "tiny" in n or n.startswith("tests/")], "test support code in the wheel"
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     requires = [

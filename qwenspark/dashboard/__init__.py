@@ -1,0 +1,1 @@
+"""The web dashboard over the result views (`qwenspark dashboard`): app.py serves, queries.py reads."""
