@@ -49,7 +49,7 @@ def main() -> int:
     owner = cfg.model_copy(update={"db": cfg.db.owner()})
     with mysql.connect(owner.db, autocommit=True) as conn, conn.cursor() as cur:
         for table in ("hotel_reviews", "review_sentiment", "review_sentiment_stage", "hotel_sentiment_daily",
-                      "aspect_sentiment"):
+                      "aspect_sentiment", "sentiment_daily_lang", "aspect_daily_lang"):
             cur.execute(f"DELETE FROM {table}")
     spark = spark_session(cfg)
     n = args.rows

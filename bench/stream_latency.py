@@ -65,7 +65,7 @@ def _cleanup(cfg: QwenSparkConfig, ids: list[int]) -> None:
     with mysql.connect(cfg.db.owner(), autocommit=True) as conn, conn.cursor() as cur:
         for table in ("review_sentiment", "hotel_reviews"):
             cur.execute(f"DELETE FROM {table} WHERE review_id IN ({marks})")
-        for table in ("hotel_sentiment_daily", "aspect_sentiment"):
+        for table in ("hotel_sentiment_daily", "aspect_sentiment", "sentiment_daily_lang", "aspect_daily_lang"):
             cur.execute(f"DELETE FROM {table} WHERE hotel_id = %s", (HOTEL,))
 
 

@@ -27,7 +27,8 @@ qwenspark run {s.run_id}: {s.status}
   throughput           {rate:.2f} reviews/s, {tok_rate:.1f} generated tokens/s (analysis stage)
   wall time            {s.seconds_total:.1f} s
 Results: MySQL {db.host}:{db.port}, database {db.database}
-  tables  review_sentiment, hotel_sentiment_daily, aspect_sentiment, job_runs
+  tables  review_sentiment, hotel_sentiment_daily, aspect_sentiment, sentiment_daily_lang, aspect_daily_lang,
+          job_runs
   views   v_sentiment_mix, v_sentiment_trend_daily, v_hotel_sentiment, v_aspect_sentiment
   try     make sql Q="SELECT * FROM v_hotel_sentiment"
           make sql Q="SELECT review_id, sentiment, summary FROM review_sentiment LIMIT 10"

@@ -27,7 +27,7 @@ from pydantic import SecretStr
 from qwenspark.config import DbConfig
 from qwenspark.errors import ConfigError, SinkError
 from qwenspark.io import migrations
-from qwenspark.io.mysql import Connection, connect, named_lock, run_script, sql_text
+from qwenspark.io.mysql import Connection, connect, named_lock, run_script, script_sections, sql_text
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +88,16 @@ class Migrator:
         if self.cur.with_rows:
             self.cur.fetchall()
 
-    def script(self, name: str) -> None:
-        """Run a packaged sql/ script (statements split by mysql.statements)."""
-        run_script(self.conn, sql_text(name))
+    def script(self, name: str, *sections: str) -> None:
+        """Run a packaged sql/ script (statements split by mysql.statements), or only the named `-- @name`
+        sections of it, in the order given (a migration runs what exists at its version)."""
+        if not sections:
+            run_script(self.conn, sql_text(name))
+            return
+        parts = script_sections(sql_text(name))
+        for section in sections:
+            for stmt in parts[section]:
+                self.execute(stmt)
 
     def scalar(self, sql: str, params: tuple[Any, ...] | None = None) -> Any:
         """The first column of the first row (None when there is none)."""

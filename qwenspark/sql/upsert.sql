@@ -10,11 +10,14 @@
 -- before another run that stored the review neither writes nor counts it (it counts it in @stale_rows).
 --
 -- The aggregates are maintained from the reviews that change, not recomputed from every review of a touched
--- (hotel, day): per (hotel, day) and (hotel, day, aspect) the chunk adds the contributions of the new versions of
--- its changed reviews and subtracts those of their old versions. Given aggregates that matched review_sentiment
--- before, they match it after: the same figures and shares as the full recompute of earlier releases
--- (tests/spark/test_sink_commit.py holds them to it), at a cost proportional to the reviews that change rather than
--- to all the reviews stored for the touched keys, and with no JSON parsed for reviews that did not change.
+-- (hotel, day): per (hotel, day, lang) and (hotel, day, lang, aspect) the chunk adds the contributions of the new
+-- versions of its changed reviews and subtracts those of their old versions, then applies them to
+-- hotel_sentiment_daily and aspect_sentiment (summed over lang) and to the dashboard's per-language summaries
+-- sentiment_daily_lang and aspect_daily_lang (schema v006; lang '' for NULL). Given aggregates that matched
+-- review_sentiment before, they match it after: every table holds the figures of sql/recompute_aggregates.sql, the
+-- first two also those of the full recompute of earlier releases (tests/spark/test_sink_commit.py holds them to
+-- both), at a cost proportional to the reviews that change rather than to all the reviews stored for the touched
+-- keys, and with no JSON parsed for reviews that did not change.
 --
 -- Sections (`-- @name`) run in this order: @changes, then, unless no review of the chunk changes, the
 -- sections @delta_tables, @deltas, @old (skipped when every changed review is new), @upsert and @apply; then
@@ -22,17 +25,20 @@
 -- the temporary tables of @delta_tables, the subtraction of @old and the application of @apply.
 
 -- @delta_tables
--- 0. The aggregates' deltas, per (hotel, day) and per (hotel, day, aspect): filled by @deltas (+ new versions)
---    and @old (- stored versions), applied by @apply. hotel_id is held as bytes: ids compare exactly (schema v002),
---    on MySQL and MariaDB alike, whatever the session's collation.
+-- 0. The aggregates' deltas, per (hotel, day, lang) and per (hotel, day, lang, aspect): filled by @deltas (+ new
+--    versions) and @old (- stored versions), applied by @apply. hotel_id and lang (COALESCE(lang, ''): '' for
+--    NULL) are held as bytes: they compare exactly (schema v002, v006), on MySQL and MariaDB alike, whatever the
+--    session's collation.
 DROP TEMPORARY TABLE IF EXISTS tmp_daily_delta;
 CREATE TEMPORARY TABLE tmp_daily_delta (
-  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, reviews INT NOT NULL, analysed INT NOT NULL,
-  positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, mixed INT NOT NULL, errors INT NOT NULL
+  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, lang VARBINARY(32) NOT NULL, reviews INT NOT NULL,
+  analysed INT NOT NULL, positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, mixed INT NOT NULL,
+  errors INT NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 DROP TEMPORARY TABLE IF EXISTS tmp_aspect_delta;
 CREATE TEMPORARY TABLE tmp_aspect_delta (
-  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, aspect VARCHAR(32) NOT NULL, mentions INT NOT NULL,
+  hotel_id VARBINARY(256) NOT NULL, day DATE NOT NULL, lang VARBINARY(32) NOT NULL, aspect VARCHAR(32) NOT NULL,
+  mentions INT NOT NULL,
   positive INT NOT NULL, negative INT NOT NULL, neutral INT NOT NULL, KEY (hotel_id, day, aspect)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 
@@ -85,46 +91,48 @@ WHERE s.run_id = %(run_id)s AND s.review_id BETWEEN %(lo)s AND %(hi)s
     AND r.analysed_at <=> s.analysed_at AND CAST(r.run_id AS BINARY) <=> CAST(s.run_id AS BINARY)));
 
 -- @deltas
--- 2. Contributions to the aggregates (tables of @delta_tables), per (hotel, day) and per (hotel, day, aspect) from
---    the aspects JSON of analysed reviews (error IS NULL): + the new versions here, - the old versions in @old.
-INSERT INTO tmp_daily_delta (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors)
-SELECT s.hotel_id, DATE(s.review_created_at), COUNT(*), SUM(s.error IS NULL), SUM(s.sentiment <=> 'positive'),
-  SUM(s.sentiment <=> 'negative'), SUM(s.sentiment <=> 'neutral'), SUM(s.sentiment <=> 'mixed'), SUM(s.error IS NOT NULL)
+-- 2. Contributions to the aggregates (tables of @delta_tables), per (hotel, day, lang) and per (hotel, day, lang,
+--    aspect) from the aspects JSON of analysed reviews (error IS NULL): + the new versions here, - the old versions
+--    in @old.
+INSERT INTO tmp_daily_delta (hotel_id, day, lang, reviews, analysed, positive, negative, neutral, mixed, errors)
+SELECT s.hotel_id, DATE(s.review_created_at), CAST(COALESCE(s.lang, '') AS BINARY), COUNT(*), SUM(s.error IS NULL),
+  SUM(s.sentiment <=> 'positive'), SUM(s.sentiment <=> 'negative'), SUM(s.sentiment <=> 'neutral'),
+  SUM(s.sentiment <=> 'mixed'), SUM(s.error IS NOT NULL)
 FROM tmp_chunk c
 JOIN review_sentiment_stage s ON s.run_id = %(run_id)s AND s.review_id = c.review_id AND s.stage_seq = c.stage_seq
   AND s.review_id BETWEEN %(lo)s AND %(hi)s
 WHERE s.hotel_id IS NOT NULL AND s.review_created_at IS NOT NULL
-GROUP BY s.hotel_id, DATE(s.review_created_at);
-INSERT INTO tmp_aspect_delta (hotel_id, day, aspect, mentions, positive, negative, neutral)
-SELECT s.hotel_id, DATE(s.review_created_at), jt.aspect, COUNT(*), SUM(jt.sentiment <=> 'positive'),
-  SUM(jt.sentiment <=> 'negative'), SUM(jt.sentiment <=> 'neutral')
+GROUP BY s.hotel_id, DATE(s.review_created_at), CAST(COALESCE(s.lang, '') AS BINARY);
+INSERT INTO tmp_aspect_delta (hotel_id, day, lang, aspect, mentions, positive, negative, neutral)
+SELECT s.hotel_id, DATE(s.review_created_at), CAST(COALESCE(s.lang, '') AS BINARY), jt.aspect, COUNT(*),
+  SUM(jt.sentiment <=> 'positive'), SUM(jt.sentiment <=> 'negative'), SUM(jt.sentiment <=> 'neutral')
 FROM tmp_chunk c
 JOIN review_sentiment_stage s ON s.run_id = %(run_id)s AND s.review_id = c.review_id AND s.stage_seq = c.stage_seq
   AND s.review_id BETWEEN %(lo)s AND %(hi)s
 JOIN JSON_TABLE(s.aspects, '$[*]' COLUMNS (aspect VARCHAR(32) PATH '$.aspect',
   sentiment VARCHAR(16) PATH '$.sentiment')) jt
 WHERE s.error IS NULL AND jt.aspect IS NOT NULL AND s.hotel_id IS NOT NULL AND s.review_created_at IS NOT NULL
-GROUP BY s.hotel_id, DATE(s.review_created_at), jt.aspect;
+GROUP BY s.hotel_id, DATE(s.review_created_at), CAST(COALESCE(s.lang, '') AS BINARY), jt.aspect;
 -- @old
 -- 3. The stored versions of the changed reviews, read before the upsert overwrites them.
-INSERT INTO tmp_daily_delta (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors)
-SELECT r.hotel_id, DATE(r.review_created_at), -COUNT(*), -SUM(r.error IS NULL), -SUM(r.sentiment <=> 'positive'),
-  -SUM(r.sentiment <=> 'negative'), -SUM(r.sentiment <=> 'neutral'), -SUM(r.sentiment <=> 'mixed'),
-  -SUM(r.error IS NOT NULL)
+INSERT INTO tmp_daily_delta (hotel_id, day, lang, reviews, analysed, positive, negative, neutral, mixed, errors)
+SELECT r.hotel_id, DATE(r.review_created_at), CAST(COALESCE(r.lang, '') AS BINARY), -COUNT(*), -SUM(r.error IS NULL),
+  -SUM(r.sentiment <=> 'positive'), -SUM(r.sentiment <=> 'negative'), -SUM(r.sentiment <=> 'neutral'),
+  -SUM(r.sentiment <=> 'mixed'), -SUM(r.error IS NOT NULL)
 FROM tmp_chunk c
 JOIN review_sentiment r ON r.review_id = c.review_id
 WHERE c.is_new = 0 AND r.hotel_id IS NOT NULL AND r.review_created_at IS NOT NULL
-GROUP BY r.hotel_id, DATE(r.review_created_at);
-INSERT INTO tmp_aspect_delta (hotel_id, day, aspect, mentions, positive, negative, neutral)
-SELECT r.hotel_id, DATE(r.review_created_at), jt.aspect, -COUNT(*), -SUM(jt.sentiment <=> 'positive'),
-  -SUM(jt.sentiment <=> 'negative'), -SUM(jt.sentiment <=> 'neutral')
+GROUP BY r.hotel_id, DATE(r.review_created_at), CAST(COALESCE(r.lang, '') AS BINARY);
+INSERT INTO tmp_aspect_delta (hotel_id, day, lang, aspect, mentions, positive, negative, neutral)
+SELECT r.hotel_id, DATE(r.review_created_at), CAST(COALESCE(r.lang, '') AS BINARY), jt.aspect, -COUNT(*),
+  -SUM(jt.sentiment <=> 'positive'), -SUM(jt.sentiment <=> 'negative'), -SUM(jt.sentiment <=> 'neutral')
 FROM tmp_chunk c
 JOIN review_sentiment r ON r.review_id = c.review_id
 JOIN JSON_TABLE(r.aspects, '$[*]' COLUMNS (aspect VARCHAR(32) PATH '$.aspect',
   sentiment VARCHAR(16) PATH '$.sentiment')) jt
 WHERE c.is_new = 0 AND r.error IS NULL AND jt.aspect IS NOT NULL AND r.hotel_id IS NOT NULL
   AND r.review_created_at IS NOT NULL
-GROUP BY r.hotel_id, DATE(r.review_created_at), jt.aspect;
+GROUP BY r.hotel_id, DATE(r.review_created_at), CAST(COALESCE(r.lang, '') AS BINARY), jt.aspect;
 
 -- @upsert
 -- 4. The upsert of the changed reviews (tmp_chunk: the guard of @changes passed, on locked rows), each stamped with
@@ -149,10 +157,13 @@ ON DUPLICATE KEY UPDATE
   input_seq = VALUES(input_seq);
 
 -- @apply
--- 5. Apply the deltas. Shares are computed from the resulting counts exactly as a recompute does
---    (count / NULLIF(analysed, 0), DECIMAL(5,4)); keys and aspects left with no review are deleted. (The shares
---    in the SELECT only serve new keys, whose delta is their whole count; the NULLIF guards the rows that go to
---    the UPDATE branch, where an unchanged count is a zero delta.)
+-- 5. Apply the deltas, an INSERT .. ON DUPLICATE KEY UPDATE and a DELETE per table: hotel_sentiment_daily and
+--    aspect_sentiment sum them over lang (per (hotel, day) and (hotel, day, aspect)), sentiment_daily_lang and
+--    aspect_daily_lang take them per lang. Shares (the first two tables only) are computed from the resulting counts
+--    exactly as a recompute does (count / NULLIF(analysed, 0), DECIMAL(5,4)); keys and aspects left with no review
+--    (reviews = 0, mentions = 0) are deleted. (The shares in the SELECT only serve new keys, whose delta is their
+--    whole count; the NULLIF guards the rows that go to the UPDATE branch, where an unchanged count is a zero
+--    delta.)
 INSERT INTO hotel_sentiment_daily (hotel_id, day, reviews, analysed, positive, negative, neutral, mixed, errors,
   share_positive, share_negative, share_neutral, share_mixed)
 SELECT hotel_id, day, d_reviews, d_analysed, d_positive, d_negative, d_neutral, d_mixed, d_errors,
@@ -199,6 +210,42 @@ ON DUPLICATE KEY UPDATE
   share_negative = COALESCE(aspect_sentiment.negative / NULLIF(aspect_sentiment.mentions, 0), 0);
 DELETE a FROM aspect_sentiment a
 JOIN tmp_aspect_delta t ON t.hotel_id = a.hotel_id AND t.day = a.day AND t.aspect = a.aspect
+WHERE a.mentions = 0;
+INSERT INTO sentiment_daily_lang (day, hotel_id, lang, reviews, analysed, positive, negative, neutral, mixed, errors)
+SELECT day, hotel_id, lang, d_reviews, d_analysed, d_positive, d_negative, d_neutral, d_mixed, d_errors
+FROM (
+  SELECT day, hotel_id, lang, SUM(reviews) AS d_reviews, SUM(analysed) AS d_analysed, SUM(positive) AS d_positive,
+    SUM(negative) AS d_negative, SUM(neutral) AS d_neutral, SUM(mixed) AS d_mixed, SUM(errors) AS d_errors
+  FROM tmp_daily_delta GROUP BY day, hotel_id, lang
+) delta
+WHERE d_reviews <> 0 OR d_analysed <> 0 OR d_positive <> 0 OR d_negative <> 0 OR d_neutral <> 0 OR d_mixed <> 0
+  OR d_errors <> 0
+ON DUPLICATE KEY UPDATE
+  reviews = sentiment_daily_lang.reviews + VALUES(reviews),
+  analysed = sentiment_daily_lang.analysed + VALUES(analysed),
+  positive = sentiment_daily_lang.positive + VALUES(positive),
+  negative = sentiment_daily_lang.negative + VALUES(negative),
+  neutral = sentiment_daily_lang.neutral + VALUES(neutral),
+  mixed = sentiment_daily_lang.mixed + VALUES(mixed),
+  errors = sentiment_daily_lang.errors + VALUES(errors);
+DELETE d FROM sentiment_daily_lang d
+JOIN tmp_daily_delta t ON t.day = d.day AND t.hotel_id = d.hotel_id AND t.lang = d.lang
+WHERE d.reviews = 0;
+INSERT INTO aspect_daily_lang (day, hotel_id, lang, aspect, mentions, positive, negative, neutral)
+SELECT day, hotel_id, lang, aspect, d_mentions, d_positive, d_negative, d_neutral
+FROM (
+  SELECT day, hotel_id, lang, aspect, SUM(mentions) AS d_mentions, SUM(positive) AS d_positive,
+    SUM(negative) AS d_negative, SUM(neutral) AS d_neutral
+  FROM tmp_aspect_delta GROUP BY day, hotel_id, lang, aspect
+) delta
+WHERE d_mentions <> 0 OR d_positive <> 0 OR d_negative <> 0 OR d_neutral <> 0
+ON DUPLICATE KEY UPDATE
+  mentions = aspect_daily_lang.mentions + VALUES(mentions),
+  positive = aspect_daily_lang.positive + VALUES(positive),
+  negative = aspect_daily_lang.negative + VALUES(negative),
+  neutral = aspect_daily_lang.neutral + VALUES(neutral);
+DELETE a FROM aspect_daily_lang a
+JOIN tmp_aspect_delta t ON t.day = a.day AND t.hotel_id = a.hotel_id AND t.lang = a.lang AND t.aspect = a.aspect
 WHERE a.mentions = 0;
 
 -- @spent

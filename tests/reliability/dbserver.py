@@ -153,11 +153,31 @@ JOIN JSON_TABLE(r.aspects, '$[*]' COLUMNS (aspect VARCHAR(32) PATH '$.aspect',
   sentiment VARCHAR(16) PATH '$.sentiment')) jt
 WHERE r.error IS NULL AND jt.aspect IS NOT NULL AND r.hotel_id IS NOT NULL AND r.review_created_at IS NOT NULL
 GROUP BY r.hotel_id, DATE(r.review_created_at), jt.aspect"""
+# The dashboard's per-language summaries (schema v006): the same counts per language, lang '' for NULL, as bytes.
+DAILY_LANG_RECOUNT = """
+SELECT hotel_id, DATE(review_created_at) AS day, CAST(COALESCE(lang, '') AS BINARY) AS lang, COUNT(*) AS reviews,
+  SUM(error IS NULL) AS analysed, SUM(sentiment <=> 'positive') AS positive, SUM(sentiment <=> 'negative') AS negative,
+  SUM(sentiment <=> 'neutral') AS neutral, SUM(sentiment <=> 'mixed') AS mixed, SUM(error IS NOT NULL) AS errors
+FROM review_sentiment WHERE hotel_id IS NOT NULL AND review_created_at IS NOT NULL
+GROUP BY hotel_id, DATE(review_created_at), CAST(COALESCE(lang, '') AS BINARY)"""
+ASPECT_LANG_RECOUNT = """
+SELECT r.hotel_id, DATE(r.review_created_at) AS day, CAST(COALESCE(r.lang, '') AS BINARY) AS lang, jt.aspect,
+  COUNT(*) AS mentions, SUM(jt.sentiment <=> 'positive') AS positive, SUM(jt.sentiment <=> 'negative') AS negative,
+  SUM(jt.sentiment <=> 'neutral') AS neutral
+FROM review_sentiment r
+JOIN JSON_TABLE(r.aspects, '$[*]' COLUMNS (aspect VARCHAR(32) PATH '$.aspect',
+  sentiment VARCHAR(16) PATH '$.sentiment')) jt
+WHERE r.error IS NULL AND jt.aspect IS NOT NULL AND r.hotel_id IS NOT NULL AND r.review_created_at IS NOT NULL
+GROUP BY r.hotel_id, DATE(r.review_created_at), CAST(COALESCE(r.lang, '') AS BINARY), jt.aspect"""
 _COMPARE = {
     "hotel_sentiment_daily": (DAILY_RECOUNT, ("hotel_id", "day"),
                               ("reviews", "analysed", "positive", "negative", "neutral", "mixed", "errors")),
     "aspect_sentiment": (ASPECT_RECOUNT, ("hotel_id", "day", "aspect"),
                          ("mentions", "positive", "negative", "neutral")),
+    "sentiment_daily_lang": (DAILY_LANG_RECOUNT, ("hotel_id", "day", "lang"),
+                             ("reviews", "analysed", "positive", "negative", "neutral", "mixed", "errors")),
+    "aspect_daily_lang": (ASPECT_LANG_RECOUNT, ("hotel_id", "day", "lang", "aspect"),
+                          ("mentions", "positive", "negative", "neutral")),
 }
 
 

@@ -27,7 +27,15 @@ from qwenspark.config import QwenSparkConfig
 from qwenspark.io import delta, migrate, mysql
 from qwenspark.pipeline import RunSummary, run_batch
 from qwenspark.stream import StreamReport, job_name, run_stream
-from tests.spark.conftest import AGGREGATES, as_owner, assert_consistent, load_reviews, query, reset_tables
+from tests.spark.conftest import (
+    AGGREGATES,
+    KEY_ORDER,
+    as_owner,
+    assert_consistent,
+    load_reviews,
+    query,
+    reset_tables,
+)
 from tests.spark.test_sink_commit import Row, _expected, _result, _stage, _start_run, _stored
 
 pytestmark = pytest.mark.spark
@@ -61,7 +69,7 @@ def _table(
     are left out)."""
     cols = ", ".join(like[0]) if like else "*"
     with mysql.connect(cfg.db, autocommit=True) as conn, conn.cursor() as cur:
-        cur.execute(f"SELECT {cols} FROM {table} ORDER BY 1, 2")
+        cur.execute(f"SELECT {cols} FROM {table} ORDER BY {KEY_ORDER.get(table, '1, 2')}")
         return list(cur.column_names), list(cur.fetchall())
 
 

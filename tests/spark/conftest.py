@@ -108,12 +108,27 @@ def query(cfg: QwenSparkConfig, sql: str) -> list[tuple[object, ...]]:
         return list(cur.fetchall())
 
 
-RESULT_TABLES = ("review_sentiment", "hotel_sentiment_daily", "aspect_sentiment")
+# Every aggregate table, with the ORDER BY of its full key: hotel_sentiment_daily and aspect_sentiment (hotel, day[,
+# aspect]) and the dashboard's per-language summaries of schema v006 (day, hotel, lang[, aspect]).
+AGGREGATE_ORDER = {
+    "hotel_sentiment_daily": "1, 2",
+    "aspect_sentiment": "1, 2, 3",
+    "sentiment_daily_lang": "1, 2, 3",
+    "aspect_daily_lang": "1, 2, 3, 4",
+}
+AGGREGATES = tuple(AGGREGATE_ORDER)
+RESULT_TABLES = ("review_sentiment", *AGGREGATES)
+KEY_ORDER = {"review_sentiment": "1", **AGGREGATE_ORDER}  # ORDER BY of each result table's key
+
+
+def _select_all(table: str) -> str:
+    """Every row of a result table, in key order."""
+    return f"SELECT * FROM {table} ORDER BY {KEY_ORDER[table]}"
 
 
 def snapshot(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
     """Every row of the result tables, in key order (to compare two runs)."""
-    return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2") for t in RESULT_TABLES}
+    return {t: query(cfg, _select_all(t)) for t in RESULT_TABLES}
 
 
 def recording(cfg: QwenSparkConfig, folder: Path) -> QwenSparkConfig:
@@ -127,12 +142,9 @@ def echo_records(folder: Path, event: str = "call") -> list[dict[str, Any]]:
     return read_records(folder, event)
 
 
-AGGREGATES = ("hotel_sentiment_daily", "aspect_sentiment")
-
-
 def aggregates(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
-    """The rows of both aggregate tables, in key order."""
-    return {t: query(cfg, f"SELECT * FROM {t} ORDER BY 1, 2, 3") for t in AGGREGATES}
+    """The rows of every aggregate table, in key order."""
+    return {t: query(cfg, _select_all(t)) for t in AGGREGATES}
 
 
 def recomputed(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
@@ -142,7 +154,7 @@ def recomputed(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
         with conn.cursor() as cur:
             tables = {}
             for t in AGGREGATES:
-                cur.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3")
+                cur.execute(_select_all(t))
                 tables[t] = list(cur.fetchall())
         conn.rollback()
     return tables

@@ -1,5 +1,6 @@
 """Committing a run's staged rows (issues 8 and 16): duplicate staged copies, chunked transactions, a crash
-between chunks, the aggregates kept equal to the recompute of earlier releases, and the old staging layout.
+between chunks, the aggregates kept equal to the recompute of earlier releases, the per-language summaries of schema
+v006 kept equal to sql/recompute_aggregates.sql and to the totals, and the old staging layout.
 
 Real MariaDB (the `mariadb` fixture); rows are staged with mysql-connector directly, as Spark's JDBC append
 would, except in the one test that drives jdbc.write_stage.
@@ -28,7 +29,7 @@ from qwenspark.errors import SinkError
 from qwenspark.io import migrate, mysql
 from qwenspark.pipeline import RunSummary, _commit, _mark_failed
 from qwenspark.schemas import ASPECT_SENTIMENTS, ASPECTS, SENTIMENTS, STAGE_SCHEMA
-from tests.spark.conftest import RESULT_TABLES, query, reset_tables, snapshot
+from tests.spark.conftest import assert_consistent, query, reset_tables, snapshot
 
 pytestmark = pytest.mark.spark
 
@@ -37,7 +38,7 @@ STAGE_COLUMNS = STAGE_SCHEMA.fieldNames()
 JOB = "sink-test"
 
 # sql/upsert.sql as released before chunked commits (one transaction, aggregates recomputed for the touched keys):
-# the reference the new commit must match, table for table and in rows changed.
+# the reference the new commit must match, table for table (PREVIOUS_TABLES) and in rows changed.
 PREVIOUS_UPSERT_SQL = """\
 -- The (hotel, day) keys this run touches: where its reviews are now and where they were before.
 CREATE TEMPORARY TABLE IF NOT EXISTS tmp_touched_keys (hotel_id VARCHAR(64) NOT NULL, day DATE NOT NULL,
@@ -117,6 +118,9 @@ ON DUPLICATE KEY UPDATE mentions = VALUES(mentions), positive = VALUES(positive)
 -- The staged rows are spent.
 DELETE FROM review_sentiment_stage WHERE run_id = %(run_id)s;
 """
+
+# The tables PREVIOUS_UPSERT_SQL writes (the per-language summaries of schema v006 came later).
+PREVIOUS_TABLES = ("review_sentiment", "hotel_sentiment_daily", "aspect_sentiment")
 
 # The layout of review_sentiment_stage before stage_seq: a retried Spark write task failed on its primary key.
 OLD_STAGE_DDL = """\
@@ -266,10 +270,13 @@ def _aggregates(cfg: QwenSparkConfig) -> dict[str, list[tuple[object, ...]]]:
 
 
 def _assert_consistent(cfg: QwenSparkConfig) -> None:
-    """The aggregates are what a full recompute from review_sentiment gives (and not empty)."""
+    """The aggregates are what a full recompute from review_sentiment gives (and not empty): the two of earlier
+    releases as those releases computed them, every aggregate (the per-language summaries too) as
+    sql/recompute_aggregates.sql does."""
     got = _aggregates(cfg)
     assert got["hotel_sentiment_daily"], "no aggregates at all"
     assert got == _recomputed(cfg)
+    assert_consistent(cfg)
 
 
 def _stored(cfg: QwenSparkConfig) -> dict[int, tuple[object, ...]]:
@@ -376,7 +383,7 @@ def test_aggregates_and_rows_changed_equal_the_previous_commit(
     assert after_changed == before_changed
     assert after_changed[0] == n and after_changed[2] == 0  # the replay changes nothing
     assert after_changed[1] == len(second)  # every review of the second run has a new run_id at least
-    for table in RESULT_TABLES:
+    for table in PREVIOUS_TABLES:
         assert after[table] == before[table], table
     _assert_consistent(tiny_cfg)
 
@@ -405,6 +412,94 @@ def test_chunked_commit_equals_one_chunk(tiny_cfg: QwenSparkConfig) -> None:
     assert len(second + dupes) > 7 * 5  # several chunks
     assert play(7) == play(50_000)
     assert _stored(tiny_cfg) == _expected(first + second + dupes)
+
+
+DAY = datetime(2026, 11, 2, 9)
+_COUNTS = "reviews, analysed, positive, negative, neutral, mixed, errors"
+_MENTIONS = "mentions, positive, negative, neutral"
+
+
+def _review(review_id: int, lang: str | None, sentiment: str | None, aspects: Sequence[tuple[str, str]] = (),
+            hotel: str = "H01") -> Row:
+    """One result of hotel on DAY: sentiment None is an error row (no aspects counted)."""
+    row = _result(random.Random(review_id), review_id)
+    return {**row, "hotel_id": hotel, "review_created_at": DAY + timedelta(minutes=review_id), "lang": lang,
+            "sentiment": sentiment, "summary": None if sentiment is None else f"review {review_id}",
+            "error": "parse: not JSON" if sentiment is None else None,
+            "aspects": None if sentiment is None else json.dumps([{"aspect": a, "sentiment": s} for a, s in aspects])}
+
+
+Counts = tuple[int, ...]
+
+
+def _per_lang(cfg: QwenSparkConfig, hotel: str) -> tuple[dict[str, Counts], dict[tuple[str, str], Counts]]:
+    """hotel's rows on DAY of sentiment_daily_lang (lang -> counts) and aspect_daily_lang ((lang, aspect) -> counts)."""
+    where = f"WHERE day = '{DAY.date()}' AND hotel_id = '{hotel}'"
+    daily = query(cfg, f"SELECT lang, {_COUNTS} FROM sentiment_daily_lang {where}")
+    aspects = query(cfg, f"SELECT lang, aspect, {_MENTIONS} FROM aspect_daily_lang {where}")
+    return ({str(r[0]): tuple(int(v) for v in r[1:]) for r in daily},  # type: ignore[call-overload]
+            {(str(r[0]), str(r[1])): tuple(int(v) for v in r[2:]) for r in aspects})  # type: ignore[call-overload]
+
+
+def _assert_lang_sums_equal_totals(cfg: QwenSparkConfig) -> None:
+    """Summed over lang, the per-language summaries are hotel_sentiment_daily and aspect_sentiment, key for key."""
+    for per_lang, total, keys, counts in (
+        ("sentiment_daily_lang", "hotel_sentiment_daily", "day, hotel_id", _COUNTS),
+        ("aspect_daily_lang", "aspect_sentiment", "day, hotel_id, aspect", _MENTIONS),
+    ):
+        sums = ", ".join(f"SUM({c})" for c in counts.split(", "))
+        n = len(keys.split(", "))
+        summed = query(cfg, f"SELECT {keys}, {sums} FROM {per_lang} GROUP BY {keys} ORDER BY {keys}")
+        totals = query(cfg, f"SELECT {keys}, {counts} FROM {total} ORDER BY {keys}")
+        assert [(*r[:n], *(int(v) for v in r[n:])) for r in summed] == totals, per_lang  # type: ignore[call-overload]
+        assert totals, total
+
+
+def test_per_language_summaries_follow_the_commit(tiny_cfg: QwenSparkConfig) -> None:
+    """Schema v006: reviews of one hotel and day in two languages and one without: a row per language ('' for NULL)
+    in sentiment_daily_lang and aspect_daily_lang, summing to hotel_sentiment_daily and aspect_sentiment; a later run
+    that changes a review's language and sentiment moves its counts (the old language's row decremented, or
+    deleted when nothing is left in it)."""
+    reset_tables(tiny_cfg)
+    first = [
+        _review(1, "en", "positive", [("room", "positive"), ("service", "negative")]),
+        _review(2, "en", "negative", [("room", "negative")]),
+        _review(3, "zh", "positive", [("service", "positive")]),
+        _review(4, None, "mixed", [("room", "neutral")]),
+        _review(5, "zh", None),  # an error: counted in reviews and errors of its language
+        _review(6, "en", "positive", [("room", "positive")], hotel="H02"),
+    ]
+    run_id = str(uuid.uuid4())
+    _start_run(tiny_cfg, run_id)
+    _stage(tiny_cfg, run_id, first)
+    assert _commit_run(tiny_cfg, run_id, len(first), chunk_rows=2).rows_changed == 6
+
+    daily, aspects = _per_lang(tiny_cfg, "H01")
+    #                 reviews analysed pos neg neu mix err
+    assert daily == {"en": (2, 2, 1, 1, 0, 0, 0), "zh": (2, 1, 1, 0, 0, 0, 1), "": (1, 1, 0, 0, 0, 1, 0)}
+    #                                       mentions pos neg neu
+    assert aspects == {("en", "room"): (2, 1, 1, 0), ("en", "service"): (1, 0, 1, 0),
+                       ("zh", "service"): (1, 1, 0, 0), ("", "room"): (1, 0, 0, 1)}
+    assert _per_lang(tiny_cfg, "H02") == ({"en": (1, 1, 1, 0, 0, 0, 0)}, {("en", "room"): (1, 1, 0, 0)})
+    assert query(tiny_cfg, f"SELECT {_COUNTS} FROM hotel_sentiment_daily WHERE hotel_id = 'H01'") == [
+        (5, 4, 2, 1, 0, 1, 1)]
+    _assert_lang_sums_equal_totals(tiny_cfg)
+    _assert_consistent(tiny_cfg)
+
+    # Review 1 turns out Chinese and negative, review 4 gets its language: 'en' loses one, '' loses its only one.
+    second = [_review(1, "zh", "negative", [("room", "negative")]), _review(4, "en", "mixed", [("room", "neutral")])]
+    run_id = str(uuid.uuid4())
+    _start_run(tiny_cfg, run_id)
+    _stage(tiny_cfg, run_id, second)
+    assert _commit_run(tiny_cfg, run_id, len(second), chunk_rows=50_000).rows_changed == 2
+
+    daily, aspects = _per_lang(tiny_cfg, "H01")
+    assert daily == {"en": (2, 2, 0, 1, 0, 1, 0), "zh": (3, 2, 1, 1, 0, 0, 1)}
+    assert aspects == {("en", "room"): (2, 0, 1, 1), ("zh", "room"): (1, 0, 1, 0), ("zh", "service"): (1, 1, 0, 0)}
+    assert query(tiny_cfg, f"SELECT {_COUNTS} FROM hotel_sentiment_daily WHERE hotel_id = 'H01'") == [
+        (5, 4, 1, 2, 0, 1, 1)]
+    _assert_lang_sums_equal_totals(tiny_cfg)
+    _assert_consistent(tiny_cfg)
 
 
 def test_plan_keeps_every_copy_of_a_review_in_one_chunk(tiny_cfg: QwenSparkConfig) -> None:

@@ -48,6 +48,19 @@ def test_upsert_script_sections() -> None:
     assert not any("TEMPORARY" in stmt for stmt in sections["deltas"])
 
 
+def test_recompute_script_sections() -> None:
+    # One section per migration's aggregates: v002 recomputes its two tables before v006 has made the other two;
+    # the whole script (tests, a repair by hand) recomputes all four.
+    script = sql_text("recompute_aggregates.sql")
+    sections = script_sections(script)
+    assert list(sections) == ["by_hotel", "by_lang"]
+    assert [s for stmts in sections.values() for s in stmts] == statements(script)
+    tables = {name: [re.match(r"(?:DELETE FROM|INSERT INTO) (\w+)", s).group(1) for s in stmts]  # type: ignore[union-attr]
+              for name, stmts in sections.items()}
+    assert tables == {"by_hotel": ["hotel_sentiment_daily"] * 2 + ["aspect_sentiment"] * 2,
+                      "by_lang": ["sentiment_daily_lang"] * 2 + ["aspect_daily_lang"] * 2}
+
+
 def test_purge_script_sections() -> None:
     sections = script_sections(sql_text("purge.sql"))
     assert list(sections) == ["select", "delete"]

@@ -28,7 +28,8 @@ def apply(m: Migrator) -> None:
         if col is not None and col["COLLATION_NAME"] != m.id_collation:
             m.execute(f"ALTER TABLE {table} MODIFY hotel_id VARCHAR(64) CHARACTER SET utf8mb4 "
                       f"COLLATE {m.id_collation} {null}")
-    # One transaction: a dashboard reads the old figures or the new ones, never an empty table.
+    # One transaction: a dashboard reads the old figures or the new ones, never an empty table. Only the section of
+    # these two tables: the script's later sections recompute tables of later migrations (v006), not there yet.
     m.execute("START TRANSACTION")
-    m.script("recompute_aggregates.sql")
+    m.script("recompute_aggregates.sql", "by_hotel")
     m.execute("COMMIT")
