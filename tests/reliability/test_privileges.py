@@ -30,6 +30,9 @@ pytestmark = pytest.mark.spark
 LOCAL = ROOT / "conf" / "local.yaml"
 SCRIPT = ROOT / "scripts" / "mariadb.sh"
 OLD_DB = "qs_t10_upgrade"  # a database as the release before schema versions left it
+# That release had the first four views of sql/views.sql; the dashboard's (v_dash_*) came later and read tables
+# of later migrations, so they cannot be created on its tables.
+OLD_VIEWS = [v for v in grants.views() if not v.startswith("v_dash_")]
 BATCH_REVIEWS, STREAM_REVIEWS = 12, 5
 TEXTS = ["Spotless room, kind staff.", "Noisy street and a cold breakfast.", "房间很干净，服务很好。",
          "隔音太差，晚上很吵。", "Great pool but a tiny bathroom."]
@@ -243,7 +246,8 @@ def test_a_database_of_the_release_before_versions_upgrades_with_nothing_lost(
     old = analysed.model_copy(update={"db": analysed.db.model_copy(update={"database": OLD_DB})})
     with db_sql.connect(old.db.owner(), autocommit=True) as conn:
         db_sql.run_script(conn, db_sql.sql_text("schema.sql"))
-        db_sql.run_script(conn, db_sql.sql_text("views.sql"))
+        old_views = [s for s in db_sql.statements(db_sql.sql_text("views.sql")) if "VIEW v_dash_" not in s]
+        db_sql.run_script(conn, ";\n".join(old_views))
         columns = {t: _columns(conn, t) for t in ("hotel_reviews", *grants.RESULT_TABLES)}
         tables = [t for t, cols in columns.items() if cols]  # the release's tables (later ones are the migrations')
         with conn.cursor() as cur:
@@ -252,7 +256,8 @@ def test_a_database_of_the_release_before_versions_upgrades_with_nothing_lost(
                 cur.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM qwenspark.{table}")
             cur.execute("INSERT INTO stream_rejects VALUES (UUID(), 0, 0, 'no review_id', '{\"text\": \"x\"}')")
         before = {t: _rows(conn, t, columns[t]) for t in tables}
-        views_before = {v: _rows(conn, v, _columns(conn, v)) for v in grants.views()}
+        views_before = {v: _rows(conn, v, _columns(conn, v)) for v in OLD_VIEWS}
+        assert len(old_views) == len(OLD_VIEWS) == 4
         assert migrate.applied_versions(conn) == set()
     assert all(before[t] for t in tables if t != "review_sentiment_stage"), "a table without rows proves nothing"
 
