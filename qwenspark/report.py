@@ -28,7 +28,7 @@ qwenspark run {s.run_id}: {s.status}
   wall time            {s.seconds_total:.1f} s
 Results: MySQL {db.host}:{db.port}, database {db.database}
   tables  review_sentiment, hotel_sentiment_daily, aspect_sentiment, sentiment_daily_lang, aspect_daily_lang,
-          job_runs
+          sentiment_monthly_lang, aspect_monthly_lang, job_runs
   views   v_sentiment_mix, v_sentiment_trend_daily, v_hotel_sentiment, v_aspect_sentiment
   try     make sql Q="SELECT * FROM v_hotel_sentiment"
           make sql Q="SELECT review_id, sentiment, summary FROM review_sentiment LIMIT 10"

@@ -35,15 +35,67 @@ class Filters:
     hotel: str | None = None
     lang: str | None = None  # '' = reviews with no language
 
-    def where(self, *, hotel: bool = True, day: str = "day") -> tuple[str, list[Any]]:
-        """The WHERE clause and its parameters (the hotel condition left out when hotel=False)."""
-        params: list[Any]
-        sql, params = f"{day} BETWEEN %s AND %s", [self.start, self.end]  # list[Any]: mixed types follow
+    def conditions(self, *, hotel: bool = True) -> tuple[str, list[Any]]:
+        """' AND ...' conditions on hotel (unless hotel=False) and language, and their parameters."""
+        sql, params = "", list[Any]()
         if hotel and self.hotel is not None:
             sql, params = sql + " AND hotel_id = %s", [*params, self.hotel]
         if self.lang is not None:
             sql, params = sql + " AND lang = %s", [*params, self.lang]
         return sql, params
+
+
+def _month(day: dt.date) -> dt.date:
+    return day.replace(day=1)
+
+
+def _next_month(day: dt.date) -> dt.date | None:
+    """The first day of the month after day's (None past 9999-12)."""
+    if day.month < 12:
+        return dt.date(day.year, day.month + 1, 1)
+    return dt.date(day.year + 1, 1, 1) if day.year < dt.MAXYEAR else None
+
+
+def split(start: dt.date, end: dt.date) -> tuple[list[tuple[dt.date, dt.date]], tuple[dt.date, dt.date] | None]:
+    """A range as the whole months in it (first and last month, from the monthly rollups) and the day ranges left
+    at its edges (from the daily rows); no months when it holds no whole month."""
+    first = start if start.day == 1 else _next_month(start)
+    after_end = _next_month(end)
+    last = _month(end) if after_end is not None and end == after_end - dt.timedelta(days=1) else None
+    if last is None:  # end is not a month's last day: the months end before end's month
+        before = _month(end) - dt.timedelta(days=1) if _month(end) > dt.date.min else None
+        last = _month(before) if before is not None else None
+    if first is None or last is None or first > last:
+        return [(start, end)], None
+    edges = []
+    if start < first:
+        edges.append((start, first - dt.timedelta(days=1)))
+    after = _next_month(last)
+    if after is not None and after <= end:
+        edges.append((after, end))
+    return edges, (first, last)
+
+
+def _rows(f: Filters, columns: str, *, aspects: bool = False, hotel: bool = True, bucket: bool = False,
+          among: list[str] | None = None) -> tuple[str, list[Any]]:
+    """A derived table of f's rows from the daily and the monthly views (UNION ALL), with `columns`; bucket=True
+    adds the month of each row as `bucket`; among limits it to these hotels. Whole months are read from the
+    monthly rollups: a long range reads a row per hotel, language and month instead of one per day."""
+    daily, monthly = ("v_dash_aspects", "v_dash_aspects_monthly") if aspects else ("v_dash_daily", "v_dash_monthly")
+    extra, extra_params = f.conditions(hotel=hotel)
+    if among:
+        extra, extra_params = extra + f" AND hotel_id IN ({', '.join(['%s'] * len(among))})", [*extra_params, *among]
+    edges, months = split(f.start, f.end)
+    parts, params = [], []
+    day_bucket = "day - INTERVAL (DAYOFMONTH(day) - 1) DAY AS bucket, " if bucket else ""
+    for lo, hi in edges:
+        parts.append(f"SELECT {day_bucket}{columns} FROM {daily} WHERE day BETWEEN %s AND %s{extra}")
+        params += [lo, hi, *extra_params]
+    if months is not None:
+        month_bucket = "month AS bucket, " if bucket else ""
+        parts.append(f"SELECT {month_bucket}{columns} FROM {monthly} WHERE month BETWEEN %s AND %s{extra}")
+        params += [*months, *extra_params]
+    return "(" + " UNION ALL ".join(parts) + ") AS r", params
 
 
 def _date(name: str, raw: str) -> dt.date:
@@ -101,40 +153,65 @@ def _counts(row: dict[str, Any] | None) -> dict[str, int]:
     return {k: int((row or {}).get(k) or 0) for k in keys}
 
 
+def _sum(rows: list[dict[str, int]]) -> dict[str, int]:
+    return {k: sum(r[k] for r in rows) for k in _counts(None)}
+
+
+COUNTS = "reviews, analysed, positive, negative, neutral, mixed, errors"
 _SUMS = ("SUM(reviews) AS reviews, SUM(analysed) AS analysed, SUM(positive) AS positive, SUM(negative) AS negative, "
          "SUM(neutral) AS neutral, SUM(mixed) AS mixed, SUM(errors) AS errors")
 
 
+def _by(fetch: Fetch, f: Filters, key: str, *, hotel: bool = True) -> list[dict[str, Any]]:
+    """Counts of f's range grouped by key (lang or hotel_id)."""
+    table, params = _rows(f, f"{key}, {COUNTS}", hotel=hotel)
+    return fetch(f"SELECT {key}, {_SUMS} FROM {table} GROUP BY {key}", params)
+
+
 def mix(fetch: Fetch, f: Filters) -> dict[str, Any]:
-    """Sentiment mix over all hotels and for the selected hotel, and the review count per language."""
-    where, params = f.where(hotel=False)
-    overall = _counts(fetch(f"SELECT {_SUMS} FROM v_dash_daily WHERE {where}", params)[0])
-    hotel = None
-    if f.hotel is not None:
-        where_h, params_h = f.where()
-        hotel = _counts(fetch(f"SELECT {_SUMS} FROM v_dash_daily WHERE {where_h}", params_h)[0])
-    # Languages over the range for every language (the filter's choices), not only the selected one.
-    langs = fetch(
-        "SELECT lang, SUM(reviews) AS reviews FROM v_dash_daily WHERE day BETWEEN %s AND %s GROUP BY lang "
-        "ORDER BY reviews DESC", [f.start, f.end])
-    by_lang = [{"lang": r["lang"], "reviews": int(r["reviews"])} for r in langs]
-    return {"overall": overall, "hotel": hotel, "langs": by_lang}
+    """Sentiment mix over all hotels and for the selected hotel, and the review count per language (every
+    language: the filter's choices)."""
+    every_lang = Filters(f.start, f.end)
+    langs = _by(fetch, every_lang, "lang")
+    chosen = [r for r in langs if f.lang is None or r["lang"] == f.lang]
+    hotel = _sum([_counts(r) for r in _by(fetch, f, "lang")]) if f.hotel is not None else None
+    by_lang = sorted(({"lang": r["lang"], "reviews": int(r["reviews"])} for r in langs),
+                     key=lambda x: (-x["reviews"], x["lang"]))
+    return {"overall": _sum([_counts(r) for r in chosen]), "hotel": hotel, "langs": by_lang}
 
 
 def _share(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
+# Longer ranges are drawn per month (from the monthly rollups): a daily line of years is unreadable anyway.
+DAILY_TREND_DAYS = 184
+
+
 def trend(fetch: Fetch, f: Filters) -> dict[str, Any]:
-    """Per day of the range (days without reviews included, with no share): volume, positive and negative share."""
-    where, params = f.where()
-    rows = {r["day"]: _counts(r) for r in fetch(
-        f"SELECT day, {_SUMS} FROM v_dash_daily WHERE {where} GROUP BY day", params)}
-    days = [f.start + dt.timedelta(days=i) for i in range((f.end - f.start).days + 1)]
-    out: dict[str, list[Any]] = {"days": [], "reviews": [], "errors": [], "share_positive": [], "share_negative": []}
-    for day in days:
-        c = rows.get(day, _counts(None))
-        out["days"].append(day.isoformat())
+    """Per day of the range, or per month past DAILY_TREND_DAYS days (periods without reviews included, with no
+    share): volume, errors, positive and negative share."""
+    if (f.end - f.start).days + 1 <= DAILY_TREND_DAYS:
+        extra, extra_params = f.conditions()
+        rows = {r["day"]: _counts(r) for r in fetch(
+            f"SELECT day, {_SUMS} FROM v_dash_daily WHERE day BETWEEN %s AND %s{extra} GROUP BY day",
+            [f.start, f.end, *extra_params])}
+        periods = [f.start + dt.timedelta(days=i) for i in range((f.end - f.start).days + 1)]
+        labels = [d.isoformat() for d in periods]
+        granularity = "day"
+    else:
+        table, params = _rows(f, COUNTS, bucket=True)
+        rows = {r["bucket"]: _counts(r) for r in fetch(f"SELECT bucket, {_SUMS} FROM {table} GROUP BY bucket", params)}
+        periods, month = [], _month(f.start)
+        while month is not None and month <= f.end:
+            periods.append(month)
+            month = _next_month(month)  # type: ignore[assignment]
+        labels = [m.strftime("%Y-%m") for m in periods]
+        granularity = "month"
+    out: dict[str, Any] = {"granularity": granularity, "days": labels, "reviews": [], "errors": [],
+                           "share_positive": [], "share_negative": []}
+    for period in periods:
+        c = rows.get(period, _counts(None))
         out["reviews"].append(c["reviews"])
         out["errors"].append(c["errors"])
         out["share_positive"].append(_share(c["positive"], c["analysed"]))
@@ -142,12 +219,9 @@ def trend(fetch: Fetch, f: Filters) -> dict[str, Any]:
     return out
 
 
-def _top_hotels(fetch: Fetch, f: Filters, limit: int) -> list[dict[str, Any]]:
-    """The hotels with the most reviews in the range (and language), with their counts, most first."""
-    where, params = f.where(hotel=False)
-    return fetch(
-        f"SELECT hotel_id, {_SUMS} FROM v_dash_daily WHERE {where} GROUP BY hotel_id "
-        "ORDER BY reviews DESC, hotel_id LIMIT %s", [*params, limit])
+def _busiest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-hotel rows, most reviews first (then by id)."""
+    return sorted(rows, key=lambda r: (-int(r["reviews"] or 0), r["hotel_id"]))
 
 
 def _net(c: dict[str, int]) -> float | None:
@@ -157,52 +231,43 @@ def _net(c: dict[str, int]) -> float | None:
 def ranking(fetch: Fetch, f: Filters, top: int) -> dict[str, Any]:
     """The `top` hotels by volume, ranked by net sentiment ((positive - negative) / analysed), and the rest as one
     'others' entry; the selected hotel is always among them. Also the 200 busiest hotels, for the hotel picker."""
-    where, params = f.where(hotel=False)
-    row = fetch(f"SELECT {_SUMS}, COUNT(DISTINCT hotel_id) AS hotels FROM v_dash_daily WHERE {where}", params)[0]
-    total, hotels_total = _counts(row), int(row["hotels"] or 0)
-    busiest = _top_hotels(fetch, f, max(top, 200))
-    chosen = busiest[:top]
+    per_hotel = _busiest(_by(fetch, f, "hotel_id", hotel=False))
+    chosen = per_hotel[:top]
     if f.hotel is not None and all(r["hotel_id"] != f.hotel for r in chosen):
-        sel_where, sel_params = f.where()
-        selected = fetch(f"SELECT hotel_id, {_SUMS} FROM v_dash_daily WHERE {sel_where} GROUP BY hotel_id",
-                         sel_params)
-        chosen = chosen[: top - 1] + selected
-    hotels = []
-    for r in chosen:
-        c = _counts(r)
-        hotels.append({"hotel_id": r["hotel_id"], **c, "net": _net(c)})
+        chosen = chosen[: top - 1] + [r for r in per_hotel if r["hotel_id"] == f.hotel]
+    hotels = [{"hotel_id": r["hotel_id"], **_counts(r), "net": _net(_counts(r))} for r in chosen]
     hotels.sort(key=lambda h: (h["net"] is None, -(h["net"] or 0), -h["reviews"], h["hotel_id"]))
+    total = _sum([_counts(r) for r in per_hotel])
     rest = {k: total[k] - sum(h[k] for h in hotels) for k in total}
-    others = {"hotels": hotels_total - len(hotels), **rest, "net": _net(rest)} if hotels_total > len(hotels) else None
-    return {"hotels": hotels, "others": others, "hotel_count": hotels_total,
-            "picker": [{"hotel_id": r["hotel_id"], "reviews": int(r["reviews"])} for r in busiest]}
+    others = ({"hotels": len(per_hotel) - len(hotels), **rest, "net": _net(rest)}
+              if len(per_hotel) > len(hotels) else None)
+    return {"hotels": hotels, "others": others, "hotel_count": len(per_hotel),
+            "picker": [{"hotel_id": r["hotel_id"], "reviews": int(r["reviews"])} for r in per_hotel[:200]]}
 
 
 def heatmap(fetch: Fetch, f: Filters, top: int) -> dict[str, Any]:
     """Share of negative mentions per aspect (rows) and hotel (columns: the busiest `top`, the selected hotel, then
     'others'), with the mention counts."""
-    where, params = f.where(hotel=False)
-    hotels = [r["hotel_id"] for r in _top_hotels(fetch, f, top)]
+    hotels = [r["hotel_id"] for r in _busiest(_by(fetch, f, "hotel_id", hotel=False))[:top]]
     if f.hotel is not None and f.hotel not in hotels:
         hotels = [*hotels[:top - 1], f.hotel]
     cells: dict[tuple[str, str], tuple[int, int]] = {}
     totals: dict[str, tuple[int, int]] = {}
-    for r in fetch(f"SELECT aspect, SUM(mentions) AS mentions, SUM(negative) AS negative FROM v_dash_aspects "
-                   f"WHERE {where} GROUP BY aspect", params):
+    table, params = _rows(f, "aspect, mentions, negative", aspects=True, hotel=False)
+    for r in fetch(f"SELECT aspect, SUM(mentions) AS mentions, SUM(negative) AS negative FROM {table} "
+                   "GROUP BY aspect", params):
         totals[r["aspect"]] = (int(r["mentions"]), int(r["negative"]))
     if hotels:
-        marks = ", ".join(["%s"] * len(hotels))
-        for r in fetch(f"SELECT hotel_id, aspect, SUM(mentions) AS mentions, SUM(negative) AS negative "
-                       f"FROM v_dash_aspects WHERE {where} AND hotel_id IN ({marks}) GROUP BY hotel_id, aspect",
-                       [*params, *hotels]):
+        table, params = _rows(f, "hotel_id, aspect, mentions, negative", aspects=True, hotel=False, among=hotels)
+        for r in fetch(f"SELECT hotel_id, aspect, SUM(mentions) AS mentions, SUM(negative) AS negative FROM {table} "
+                       "GROUP BY hotel_id, aspect", params):
             cells[(r["hotel_id"], r["aspect"])] = (int(r["mentions"]), int(r["negative"]))
     aspects = sorted(totals, key=lambda a: (-totals[a][0], a))
-    columns = list(hotels)
     others = {a: (totals[a][0] - sum(cells.get((h, a), (0, 0))[0] for h in hotels),
                   totals[a][1] - sum(cells.get((h, a), (0, 0))[1] for h in hotels)) for a in aspects}
     has_others = any(m for m, _ in others.values())
     data = []  # [column index, aspect index, share negative, mentions]
-    for x, hotel in enumerate(columns):
+    for x, hotel in enumerate(hotels):
         for y, aspect in enumerate(aspects):
             m, n = cells.get((hotel, aspect), (0, 0))
             if m:
@@ -211,8 +276,8 @@ def heatmap(fetch: Fetch, f: Filters, top: int) -> dict[str, Any]:
         for y, aspect in enumerate(aspects):
             m, n = others[aspect]
             if m:
-                data.append([len(columns), y, round(n / m, 4), m])
-    return {"hotels": columns, "others": has_others, "aspects": aspects, "cells": data}
+                data.append([len(hotels), y, round(n / m, 4), m])
+    return {"hotels": hotels, "others": has_others, "aspects": aspects, "cells": data}
 
 
 def _aspects(raw: Any) -> list[dict[str, str]]:

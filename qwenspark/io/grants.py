@@ -27,6 +27,8 @@ JOB_TABLES: dict[str, tuple[str, ...]] = {
     "aspect_sentiment": RESULT_PRIVILEGES,
     "sentiment_daily_lang": RESULT_PRIVILEGES,  # the dashboard's per-language summaries (schema v006)
     "aspect_daily_lang": RESULT_PRIVILEGES,
+    "sentiment_monthly_lang": RESULT_PRIVILEGES,  # their monthly rollups (schema v007)
+    "aspect_monthly_lang": RESULT_PRIVILEGES,
     "stream_commits": RESULT_PRIVILEGES,
     "stream_rejects": RESULT_PRIVILEGES,
     "review_tombstones": RESULT_PRIVILEGES,  # written by the purge, read by the commit, pruned by the retention

@@ -13,8 +13,9 @@
 -- (hotel, day): per (hotel, day, lang) and (hotel, day, lang, aspect) the chunk adds the contributions of the new
 -- versions of its changed reviews and subtracts those of their old versions, then applies them to
 -- hotel_sentiment_daily and aspect_sentiment (summed over lang) and to the dashboard's per-language summaries
--- sentiment_daily_lang and aspect_daily_lang (schema v006; lang '' for NULL). Given aggregates that matched
--- review_sentiment before, they match it after: every table holds the figures of sql/recompute_aggregates.sql, the
+-- sentiment_daily_lang and aspect_daily_lang (schema v006; lang '' for NULL) and their monthly rollups
+-- sentiment_monthly_lang and aspect_monthly_lang (v007; month = the first day of the day's month). Given
+-- aggregates that matched review_sentiment before, they match it after: every table holds the figures of sql/recompute_aggregates.sql, the
 -- first two also those of the full recompute of earlier releases (tests/spark/test_sink_commit.py holds them to
 -- both), at a cost proportional to the reviews that change rather than to all the reviews stored for the touched
 -- keys, and with no JSON parsed for reviews that did not change.
@@ -159,8 +160,8 @@ ON DUPLICATE KEY UPDATE
 -- @apply
 -- 5. Apply the deltas, an INSERT .. ON DUPLICATE KEY UPDATE and a DELETE per table: hotel_sentiment_daily and
 --    aspect_sentiment sum them over lang (per (hotel, day) and (hotel, day, aspect)), sentiment_daily_lang and
---    aspect_daily_lang take them per lang. Shares (the first two tables only) are computed from the resulting counts
---    exactly as a recompute does (count / NULLIF(analysed, 0), DECIMAL(5,4)); keys and aspects left with no review
+--    aspect_daily_lang take them per lang, sentiment_monthly_lang and aspect_monthly_lang per lang and month.
+--    Shares (the first two tables only) are computed from the resulting counts exactly as a recompute does (count / NULLIF(analysed, 0), DECIMAL(5,4)); keys and aspects left with no review
 --    (reviews = 0, mentions = 0) are deleted. (The shares in the SELECT only serve new keys, whose delta is their
 --    whole count; the NULLIF guards the rows that go to the UPDATE branch, where an unchanged count is a zero
 --    delta.)
@@ -246,6 +247,46 @@ ON DUPLICATE KEY UPDATE
   neutral = aspect_daily_lang.neutral + VALUES(neutral);
 DELETE a FROM aspect_daily_lang a
 JOIN tmp_aspect_delta t ON t.day = a.day AND t.hotel_id = a.hotel_id AND t.lang = a.lang AND t.aspect = a.aspect
+WHERE a.mentions = 0;
+INSERT INTO sentiment_monthly_lang (month, hotel_id, lang, reviews, analysed, positive, negative, neutral, mixed,
+  errors)
+SELECT month, hotel_id, lang, d_reviews, d_analysed, d_positive, d_negative, d_neutral, d_mixed, d_errors
+FROM (
+  SELECT day - INTERVAL (DAYOFMONTH(day) - 1) DAY AS month, hotel_id, lang, SUM(reviews) AS d_reviews,
+    SUM(analysed) AS d_analysed, SUM(positive) AS d_positive, SUM(negative) AS d_negative, SUM(neutral) AS d_neutral,
+    SUM(mixed) AS d_mixed, SUM(errors) AS d_errors
+  FROM tmp_daily_delta GROUP BY 1, hotel_id, lang
+) delta
+WHERE d_reviews <> 0 OR d_analysed <> 0 OR d_positive <> 0 OR d_negative <> 0 OR d_neutral <> 0 OR d_mixed <> 0
+  OR d_errors <> 0
+ON DUPLICATE KEY UPDATE
+  reviews = sentiment_monthly_lang.reviews + VALUES(reviews),
+  analysed = sentiment_monthly_lang.analysed + VALUES(analysed),
+  positive = sentiment_monthly_lang.positive + VALUES(positive),
+  negative = sentiment_monthly_lang.negative + VALUES(negative),
+  neutral = sentiment_monthly_lang.neutral + VALUES(neutral),
+  mixed = sentiment_monthly_lang.mixed + VALUES(mixed),
+  errors = sentiment_monthly_lang.errors + VALUES(errors);
+DELETE m FROM sentiment_monthly_lang m
+JOIN tmp_daily_delta t ON t.day - INTERVAL (DAYOFMONTH(t.day) - 1) DAY = m.month AND t.hotel_id = m.hotel_id
+  AND t.lang = m.lang
+WHERE m.reviews = 0;
+INSERT INTO aspect_monthly_lang (month, hotel_id, lang, aspect, mentions, positive, negative, neutral)
+SELECT month, hotel_id, lang, aspect, d_mentions, d_positive, d_negative, d_neutral
+FROM (
+  SELECT day - INTERVAL (DAYOFMONTH(day) - 1) DAY AS month, hotel_id, lang, aspect, SUM(mentions) AS d_mentions,
+    SUM(positive) AS d_positive, SUM(negative) AS d_negative, SUM(neutral) AS d_neutral
+  FROM tmp_aspect_delta GROUP BY 1, hotel_id, lang, aspect
+) delta
+WHERE d_mentions <> 0 OR d_positive <> 0 OR d_negative <> 0 OR d_neutral <> 0
+ON DUPLICATE KEY UPDATE
+  mentions = aspect_monthly_lang.mentions + VALUES(mentions),
+  positive = aspect_monthly_lang.positive + VALUES(positive),
+  negative = aspect_monthly_lang.negative + VALUES(negative),
+  neutral = aspect_monthly_lang.neutral + VALUES(neutral);
+DELETE a FROM aspect_monthly_lang a
+JOIN tmp_aspect_delta t ON t.day - INTERVAL (DAYOFMONTH(t.day) - 1) DAY = a.month AND t.hotel_id = a.hotel_id
+  AND t.lang = a.lang AND t.aspect = a.aspect
 WHERE a.mentions = 0;
 
 -- @spent

@@ -48,6 +48,15 @@ CREATE OR REPLACE VIEW v_dash_aspects AS
 SELECT day, hotel_id, lang, aspect, mentions, positive, negative, neutral
 FROM aspect_daily_lang;
 
+-- The same per month (month = its first day): whole months of a long range are read from these.
+CREATE OR REPLACE VIEW v_dash_monthly AS
+SELECT month, hotel_id, lang, reviews, analysed, positive, negative, neutral, mixed, errors
+FROM sentiment_monthly_lang;
+
+CREATE OR REPLACE VIEW v_dash_aspects_monthly AS
+SELECT month, hotel_id, lang, aspect, mentions, positive, negative, neutral
+FROM aspect_monthly_lang;
+
 -- One row per analysed review, with the first 600 characters of its text (NULL once it left the source table).
 CREATE OR REPLACE VIEW v_dash_reviews AS
 SELECT r.review_id, r.hotel_id, r.review_created_at, COALESCE(r.lang, '') AS lang, r.sentiment, r.summary,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterator
 
 import mysql.connector
@@ -185,3 +186,38 @@ def test_the_page_and_echarts_are_served_with_a_strict_policy(client: TestClient
     assert client.get("/static/vendor/ECHARTS-LICENSE").status_code == 200
 
 
+
+
+def test_long_ranges_read_whole_months_from_the_rollups_with_the_same_figures(mariadb: dict[str, object]) -> None:
+    """Ranges of months and years (whole months from the monthly rollups, edge days from the daily rows): every
+    chart's figures equal those counted here from the rows written, and a trend past 184 days is per month."""
+    cfg = dashboard_cfg(mariadb)
+    reset_tables(cfg)
+    labels = ["positive", "negative", "neutral", "mixed", "positive"]
+    rows = [(i, f"M{i % 4}", f"{dt.date(2025, 1, 1) + dt.timedelta(days=(i * 7) % 420)} 10:00:00",
+             ("en", "zh", None)[i % 3], labels[i % 5], f"s{i}", [("room", labels[(i + 1) % 5])], None, "t")
+            for i in range(1, 241)]
+    insert_results(cfg, rows)
+
+    def expected(lo: dt.date, hi: dt.date, hotel: str | None = None) -> dict[str, int]:
+        picked = [r for r in rows if lo <= dt.date.fromisoformat(r[2][:10]) <= hi and hotel in (None, r[1])]
+        return {"reviews": len(picked), "analysed": len(picked),
+                **{label: sum(r[4] == label for r in picked) for label in ("positive", "negative", "neutral", "mixed")},
+                "errors": 0}
+
+    with TestClient(create_app(cfg)) as client:
+        for lo, hi in [(dt.date(2025, 1, 10), dt.date(2026, 2, 13)), (dt.date(2025, 1, 1), dt.date(2025, 12, 31)),
+                       (dt.date(2024, 12, 31), dt.date(2026, 3, 1))]:
+            q = f"from={lo}&to={hi}"
+            assert get(client, f"/api/mix?{q}")["overall"] == expected(lo, hi), q
+            assert get(client, f"/api/mix?{q}&hotel=M1")["hotel"] == expected(lo, hi, "M1"), q
+            ranking = {h["hotel_id"]: h["reviews"] for h in get(client, f"/api/ranking?{q}")["hotels"]}
+            assert ranking == {f"M{k}": expected(lo, hi, f"M{k}")["reviews"] for k in range(4)}, q
+            heat = get(client, f"/api/heatmap?{q}")
+            mentions = {heat["hotels"][x]: m for x, _, _, m in heat["cells"]}
+            assert mentions == {f"M{k}": expected(lo, hi, f"M{k}")["reviews"] for k in range(4)}, q
+        trend = get(client, "/api/trend?from=2025-01-10&to=2026-02-13")
+    assert trend["granularity"] == "month" and trend["days"][0] == "2025-01" and trend["days"][-1] == "2026-02"
+    assert trend["reviews"][0] == expected(dt.date(2025, 1, 10), dt.date(2025, 1, 31))["reviews"]
+    assert trend["reviews"][6] == expected(dt.date(2025, 7, 1), dt.date(2025, 7, 31))["reviews"]
+    assert sum(trend["reviews"]) == expected(dt.date(2025, 1, 10), dt.date(2026, 2, 13))["reviews"]

@@ -169,6 +169,15 @@ JOIN JSON_TABLE(r.aspects, '$[*]' COLUMNS (aspect VARCHAR(32) PATH '$.aspect',
   sentiment VARCHAR(16) PATH '$.sentiment')) jt
 WHERE r.error IS NULL AND jt.aspect IS NOT NULL AND r.hotel_id IS NOT NULL AND r.review_created_at IS NOT NULL
 GROUP BY r.hotel_id, DATE(r.review_created_at), CAST(COALESCE(r.lang, '') AS BINARY), jt.aspect"""
+# The monthly rollups (v007): the same recounts per month (its first day) instead of per day.
+def _per_month(recount: str, column: str) -> str:
+    month = f"DATE({column}) - INTERVAL (DAYOFMONTH({column}) - 1) DAY"
+    return recount.replace(f"DATE({column}) AS day", "{m} AS month").replace(f"DATE({column})", month).replace(
+        "{m}", month)
+
+
+MONTHLY_LANG_RECOUNT = _per_month(DAILY_LANG_RECOUNT, "review_created_at")
+ASPECT_MONTHLY_RECOUNT = _per_month(ASPECT_LANG_RECOUNT, "r.review_created_at")
 _COMPARE = {
     "hotel_sentiment_daily": (DAILY_RECOUNT, ("hotel_id", "day"),
                               ("reviews", "analysed", "positive", "negative", "neutral", "mixed", "errors")),
@@ -178,6 +187,10 @@ _COMPARE = {
                              ("reviews", "analysed", "positive", "negative", "neutral", "mixed", "errors")),
     "aspect_daily_lang": (ASPECT_LANG_RECOUNT, ("hotel_id", "day", "lang", "aspect"),
                           ("mentions", "positive", "negative", "neutral")),
+    "sentiment_monthly_lang": (MONTHLY_LANG_RECOUNT, ("hotel_id", "month", "lang"),
+                               ("reviews", "analysed", "positive", "negative", "neutral", "mixed", "errors")),
+    "aspect_monthly_lang": (ASPECT_MONTHLY_RECOUNT, ("hotel_id", "month", "lang", "aspect"),
+                            ("mentions", "positive", "negative", "neutral")),
 }
 
 

@@ -109,12 +109,15 @@ def query(cfg: QwenSparkConfig, sql: str) -> list[tuple[object, ...]]:
 
 
 # Every aggregate table, with the ORDER BY of its full key: hotel_sentiment_daily and aspect_sentiment (hotel, day[,
-# aspect]) and the dashboard's per-language summaries of schema v006 (day, hotel, lang[, aspect]).
+# aspect]) and the dashboard's per-language summaries of schema v006 (day, hotel, lang[, aspect]) and v007 (month,
+# hotel, lang[, aspect]).
 AGGREGATE_ORDER = {
     "hotel_sentiment_daily": "1, 2",
     "aspect_sentiment": "1, 2, 3",
     "sentiment_daily_lang": "1, 2, 3",
     "aspect_daily_lang": "1, 2, 3, 4",
+    "sentiment_monthly_lang": "1, 2, 3",  # and their monthly rollups (v007)
+    "aspect_monthly_lang": "1, 2, 3, 4",
 }
 AGGREGATES = tuple(AGGREGATE_ORDER)
 RESULT_TABLES = ("review_sentiment", *AGGREGATES)

@@ -49,16 +49,17 @@ def test_upsert_script_sections() -> None:
 
 
 def test_recompute_script_sections() -> None:
-    # One section per migration's aggregates: v002 recomputes its two tables before v006 has made the other two;
-    # the whole script (tests, a repair by hand) recomputes all four.
+    # One section per migration's aggregates: v002 recomputes its two tables before v006 and v007 have made the
+    # others; the whole script (tests, a repair by hand) recomputes all six.
     script = sql_text("recompute_aggregates.sql")
     sections = script_sections(script)
-    assert list(sections) == ["by_hotel", "by_lang"]
+    assert list(sections) == ["by_hotel", "by_lang", "by_month"]
     assert [s for stmts in sections.values() for s in stmts] == statements(script)
     tables = {name: [re.match(r"(?:DELETE FROM|INSERT INTO) (\w+)", s).group(1) for s in stmts]  # type: ignore[union-attr]
               for name, stmts in sections.items()}
     assert tables == {"by_hotel": ["hotel_sentiment_daily"] * 2 + ["aspect_sentiment"] * 2,
-                      "by_lang": ["sentiment_daily_lang"] * 2 + ["aspect_daily_lang"] * 2}
+                      "by_lang": ["sentiment_daily_lang"] * 2 + ["aspect_daily_lang"] * 2,
+                      "by_month": ["sentiment_monthly_lang"] * 2 + ["aspect_monthly_lang"] * 2}
 
 
 def test_purge_script_sections() -> None:

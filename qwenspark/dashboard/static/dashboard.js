@@ -89,7 +89,9 @@ function drawMix(mix) {
 function drawTrend(t) {
   const total = t.reviews.reduce((a, b) => a + b, 0);
   // Points between days without reviews draw no line: show them as dots on ranges short enough to read.
-  const dots = t.days.length <= 120;
+  const dots = t.days.length <= 120 || t.granularity === "month";
+  const monthly = t.granularity === "month";
+  document.getElementById("trend-title").textContent = monthly ? "Monthly trend" : "Daily trend";
   draw("trend", {
     tooltip: { trigger: "axis", valueFormatter: (v) => (v === null || v === undefined ? "no reviews" : v) },
     legend: { top: 0 }, grid: { left: 50, right: 50, top: 34, bottom: 40 },

@@ -17,38 +17,47 @@ NAME = "dashboard summaries"
 _LANG = ("VARCHAR(8) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL"
          " COMMENT 'review_sentiment.lang; empty = unknown (NULL)'")
 _HOTEL = "VARCHAR(64) CHARACTER SET utf8mb4 COLLATE {collation} NOT NULL"
-TABLES = {
-    "sentiment_daily_lang": (
-        "CREATE TABLE IF NOT EXISTS sentiment_daily_lang ("
-        " day      DATE NOT NULL,"
-        f" hotel_id {_HOTEL},"
-        f" lang     {_LANG},"
-        " reviews  INT  NOT NULL,"
-        " analysed INT  NOT NULL COMMENT 'reviews with a result (reviews - errors)',"
-        " positive INT  NOT NULL,"
-        " negative INT  NOT NULL,"
-        " neutral  INT  NOT NULL,"
-        " mixed    INT  NOT NULL,"
-        " errors   INT  NOT NULL,"
-        " PRIMARY KEY (day, hotel_id, lang),"
-        " KEY ix_sentiment_daily_lang_hotel (hotel_id, day)"
-        ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"
-    ),
-    "aspect_daily_lang": (
-        "CREATE TABLE IF NOT EXISTS aspect_daily_lang ("
-        " day      DATE        NOT NULL,"
-        f" hotel_id {_HOTEL},"
-        f" lang     {_LANG},"
-        " aspect   VARCHAR(32) NOT NULL,"
-        " mentions INT         NOT NULL,"
-        " positive INT         NOT NULL,"
-        " negative INT         NOT NULL,"
-        " neutral  INT         NOT NULL,"
-        " PRIMARY KEY (day, hotel_id, lang, aspect),"
-        " KEY ix_aspect_daily_lang_hotel (hotel_id, day)"
-        ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"
-    ),
-}
+
+
+def summary_tables(period: str) -> dict[str, str]:
+    """The DDL of the two summaries per `period` ('day': v006's daily tables; 'month': v007's rollups, month = its
+    first day), keyed by table name."""
+    per = {"day": "daily", "month": "monthly"}[period]
+    return {
+        f"sentiment_{per}_lang": (
+            f"CREATE TABLE IF NOT EXISTS sentiment_{per}_lang ("
+            f" {period} DATE NOT NULL,"
+            f" hotel_id {_HOTEL},"
+            f" lang     {_LANG},"
+            " reviews  INT  NOT NULL,"
+            " analysed INT  NOT NULL COMMENT 'reviews with a result (reviews - errors)',"
+            " positive INT  NOT NULL,"
+            " negative INT  NOT NULL,"
+            " neutral  INT  NOT NULL,"
+            " mixed    INT  NOT NULL,"
+            " errors   INT  NOT NULL,"
+            f" PRIMARY KEY ({period}, hotel_id, lang),"
+            f" KEY ix_sentiment_{per}_lang_hotel (hotel_id, {period})"
+            ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"
+        ),
+        f"aspect_{per}_lang": (
+            f"CREATE TABLE IF NOT EXISTS aspect_{per}_lang ("
+            f" {period} DATE        NOT NULL,"
+            f" hotel_id {_HOTEL},"
+            f" lang     {_LANG},"
+            " aspect   VARCHAR(32) NOT NULL,"
+            " mentions INT         NOT NULL,"
+            " positive INT         NOT NULL,"
+            " negative INT         NOT NULL,"
+            " neutral  INT         NOT NULL,"
+            f" PRIMARY KEY ({period}, hotel_id, lang, aspect),"
+            f" KEY ix_aspect_{per}_lang_hotel (hotel_id, {period})"
+            ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci"
+        ),
+    }
+
+
+TABLES = summary_tables("day")
 
 
 def apply(m: Migrator) -> None:
