@@ -57,10 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     _config_args(sub.add_parser("stream", help="analyse new reviews as they arrive (Structured Streaming)"))
     ev = sub.add_parser("eval", help="run the pipeline on a labelled CSV and print quality and speed")
     _config_args(ev)
-    ev.add_argument("--input", required=True, type=Path, help="CSV with source_id, lang, text, rating, label")
+    ev.add_argument("--input", type=Path, help="CSV with source_id, lang, text, rating, label")
     ev.add_argument("--limit", type=int, help="rows to use, split evenly across languages (seeded sample)")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed for --limit")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
+    ev.add_argument("--out", type=Path, help="also write the figures' JSON to this file (for --compare)")
+    ev.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"),
+                    help="print two runs' figures (files from --out or --json) side by side; runs nothing")
     dash = sub.add_parser(
         "dashboard", help="serve the web dashboard over the result views, as the read-only db.dashboard_user")
     _config_args(dash)
@@ -128,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "config-template":
             sys.stdout.write(template_text(args.name))
             return 0
+        if args.command == "eval" and args.compare:
+            return _compare(args.compare)
+        if args.command == "eval" and args.input is None:
+            raise ConfigError("eval: --input CSV is required (or --compare A.json B.json)")
         cfg = load_config(resolve_config_path(args.config), args.overrides)
         return int(_COMMANDS[args.command](cfg, args))
     except Exception as exc:  # every failure ends as one line and an exit code; the traceback at debug level
@@ -191,8 +198,27 @@ def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     labelled = load_labelled(args.input, args.limit, args.seed)
     cfg, report = _with_spark(cfg, lambda spark, c: run_eval(spark, c, labelled))
     print_eval(report)
+    figures = report.as_dict()
     if args.json:
-        print(json.dumps(report.as_dict(), sort_keys=True))
+        print(json.dumps(figures, sort_keys=True, ensure_ascii=False))
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0
+
+
+def _compare(paths: list[Path]) -> int:
+    """`eval --compare A B`: two reports, each a JSON file or an --json output (its last line), side by side."""
+    from qwenspark.report import print_compare
+
+    reports = []
+    for path in paths:
+        try:
+            lines = path.read_text(encoding="utf-8").strip().splitlines()
+            last = lines[-1] if lines else ""
+            reports.append(json.loads(last if last.startswith("{") and last.endswith("}") else "\n".join(lines)))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"eval --compare: cannot read {path}: {exc}") from exc
+    print_compare(reports[0], reports[1], (paths[0].stem, paths[1].stem))
     return 0
 
 

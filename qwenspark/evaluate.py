@@ -1,4 +1,4 @@
-"""`qwenspark eval`: the same pipeline (through Spark) on a labelled CSV; accuracy, macro-F1, speed."""
+"""`qwenspark eval`: the same pipeline (through Spark) on a labelled CSV; per-language and per-class quality, speed."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from pathlib import Path
 import pandas as pd
 from pyspark.sql import SparkSession
 
+from qwenspark import scoring
 from qwenspark.analyze import Metrics
 from qwenspark.clean import clean
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import SourceError
+from qwenspark.parse import CUT_ERROR
 from qwenspark.pipeline import analyse, new_metrics
 from qwenspark.schemas import INPUT_SCHEMA
 
@@ -21,13 +23,20 @@ LABEL_COLUMNS = ("source_id", "lang", "text", "label")
 
 @dataclass
 class EvalReport:
-    """Figures of one eval run (printed as a table, or as one JSON line with --json)."""
+    """Figures of one eval run (a table, or one JSON line with --json); the scoring rules: qwenspark.scoring."""
 
     rows: int
     accuracy: float
     accuracy_by_lang: dict[str, float]
     rows_by_lang: dict[str, int]
     macro_f1: float
+    macro_f1_by_lang: dict[str, float]
+    per_class_by_lang: dict[str, dict[str, dict[str, float]]]  # lang -> gold class -> precision/recall/f1/support
+    confusion_by_lang: dict[str, dict[str, dict[str, int]]]  # lang -> gold -> raw answer (4 labels, error) -> rows
+    summary_in_language_rate: float  # of the rows with a summary in zh or en
+    cut_or_looping_rate: float  # answers cut by max_tokens, or with a degenerate repetition in the summary
+    mean_tokens_out: float
+    slowest: list[dict[str, object]]  # the 5 slowest rows: source_id, lang, latency_ms, tokens_out
     schema_valid_rate: float
     error_rate: float
     rows_per_s: float
@@ -62,17 +71,6 @@ def load_labelled(path: Path, limit: int | None, seed: int = 0) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def macro_f1(truth: list[str], pred: list[str | None]) -> float:
-    """Macro-F1 over the labels that occur in truth (a prediction outside them counts as a miss)."""
-    scores = []
-    for label in sorted(set(truth)):
-        tp = sum(t == label and p == label for t, p in zip(truth, pred, strict=True))
-        fp = sum(t != label and p == label for t, p in zip(truth, pred, strict=True))
-        fn = sum(t == label and p != label for t, p in zip(truth, pred, strict=True))
-        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
-    return sum(scores) / len(scores) if scores else 0.0
-
-
 def _warm_up(spark: SparkSession, cfg: QwenSparkConfig) -> float:
     # Load the engine in the worker first, so rows/s measures analysis, not model loading.
     t0 = time.perf_counter()
@@ -89,34 +87,61 @@ def run_eval(spark: SparkSession, cfg: QwenSparkConfig, labelled: pd.DataFrame) 
     metrics: Metrics = new_metrics(spark)
     t0 = time.perf_counter()
     try:
-        out = analyse(df, cfg, metrics).select("review_id", "sentiment", "error", "tokens_out").toPandas()
+        out = analyse(df, cfg, metrics).select(
+            "review_id", "sentiment", "summary", "error", "tokens_out", "latency_ms").toPandas()
     finally:
         metrics.release()
     seconds = time.perf_counter() - t0
     out = out.sort_values("review_id").reset_index(drop=True)
     if len(out) != len(labelled):
         raise AssertionError(f"eval: {len(labelled)} rows in, {len(out)} out")
-    truth = labelled["label"].tolist()
-    pred = [p if isinstance(p, str) else None for p in out["sentiment"]]
-    langs = labelled["lang"].tolist()
-    by_lang = {
-        lang: sum(t == p for t, p, g in zip(truth, pred, langs, strict=True) if g == lang) / langs.count(lang)
-        for lang in sorted(set(langs))
-    }
+    return score(labelled, out, seconds=seconds, engine_load_seconds=load_s, model=cfg.engine.model,
+                 prompt_version=cfg.prompt.version)
+
+
+def _none(x: object) -> str | None:
+    return x if isinstance(x, str) else None
+
+
+def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_load_seconds: float, model: str,
+          prompt_version: str) -> EvalReport:
+    """The report of predictions `out` (sentiment, summary, error, tokens_out, latency_ms; row i answers labelled
+    row i) against the gold labels, each language under its own scheme (qwenspark.scoring)."""
+    gold, langs = labelled["label"].tolist(), labelled["lang"].tolist()
+    answers = [_none(a) for a in out["sentiment"]]
+    summaries, errors = [_none(x) for x in out["summary"]], [_none(x) for x in out["error"]]
+    by_lang = {lang: [i for i, g in enumerate(langs) if g == lang] for lang in sorted(set(langs))}
+    per_lang = {lang: ([gold[i] for i in idx], [answers[i] for i in idx]) for lang, idx in by_lang.items()}
+    classes = {lang: scoring.scheme(g) for lang, (g, _) in per_lang.items()}
+    scored = [scoring.scored(a, classes[lang]) for a, lang in zip(answers, langs, strict=True)]
+    per_class = {lang: scoring.per_class(g, a) for lang, (g, a) in per_lang.items()}
+    in_lang = [v for v in (scoring.in_language(s, lang) for s, lang in zip(summaries, langs, strict=True))
+               if v is not None]
+    cut = [bool(e and e.startswith(CUT_ERROR)) or scoring.looping(s) for e, s in zip(errors, summaries, strict=True)]
     n = len(labelled)
-    errors = int(out["error"].notna().sum())
+    slow = out.assign(source_id=labelled["source_id"].values, lang=labelled["lang"].values).nlargest(5, "latency_ms")
+    slowest: list[dict[str, object]] = [
+        {"source_id": str(r["source_id"]), "lang": str(r["lang"]), "latency_ms": int(r["latency_ms"]),
+         "tokens_out": int(r["tokens_out"])} for r in slow.to_dict("records")]
     return EvalReport(
         rows=n,
-        accuracy=sum(t == p for t, p in zip(truth, pred, strict=True)) / n,
-        accuracy_by_lang=by_lang,
-        rows_by_lang={lang: langs.count(lang) for lang in sorted(set(langs))},
-        macro_f1=macro_f1(truth, pred),
-        schema_valid_rate=sum(p is not None for p in pred) / n,
-        error_rate=errors / n,
+        accuracy=sum(g == p for g, p in zip(gold, scored, strict=True)) / n,
+        accuracy_by_lang={lang: scoring.accuracy(g, a) for lang, (g, a) in per_lang.items()},
+        rows_by_lang={lang: len(idx) for lang, idx in by_lang.items()},
+        macro_f1=scoring.macro_f1(scoring.per_class(gold, scored)),
+        macro_f1_by_lang={lang: scoring.macro_f1(c) for lang, c in per_class.items()},
+        per_class_by_lang={lang: {k: asdict(v) for k, v in c.items()} for lang, c in per_class.items()},
+        confusion_by_lang={lang: scoring.confusion(g, a) for lang, (g, a) in per_lang.items()},
+        summary_in_language_rate=sum(in_lang) / len(in_lang) if in_lang else 0.0,
+        cut_or_looping_rate=sum(cut) / n,
+        mean_tokens_out=float(out["tokens_out"].mean()),
+        slowest=slowest,
+        schema_valid_rate=sum(a is not None for a in answers) / n,
+        error_rate=sum(e is not None for e in errors) / n,
         rows_per_s=n / seconds,
         gen_tokens_per_s=float(out["tokens_out"].sum()) / seconds,
         seconds=seconds,
-        engine_load_seconds=load_s,
-        model=cfg.engine.model,
-        prompt_version=cfg.prompt.version,
+        engine_load_seconds=engine_load_seconds,
+        model=model,
+        prompt_version=prompt_version,
     )

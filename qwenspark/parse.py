@@ -11,6 +11,8 @@ from pydantic import ValidationError
 from qwenspark.schemas import ReviewAnalysis
 
 _ERR_MAX = 500
+# The error of an answer cut by max_tokens (the eval counts these as cut).
+CUT_ERROR = "parse: output hit max_tokens before the JSON ended"
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ def parse_completion(text: str, finish_reason: str | None = None) -> Parsed:
     if finish_reason and finish_reason.startswith("error:"):
         return Parsed(None, "engine: " + finish_reason[len("error: ") :])
     if finish_reason == "length":
-        return Parsed(None, f"parse: output hit max_tokens before the JSON ended: {text[:_ERR_MAX]!r}")
+        return Parsed(None, f"{CUT_ERROR}: {text[:_ERR_MAX]!r}")
     stripped = text.strip()
     # Unguided models sometimes wrap JSON in a markdown fence; guided ones never do.
     if stripped.startswith("```"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from qwenspark.config import QwenSparkConfig
 from qwenspark.evaluate import EvalReport
 from qwenspark.pipeline import RunSummary
@@ -52,14 +54,65 @@ qwenspark stream {st.query_name} (query id {r.query_id}, source {st.source}, che
 
 
 def print_eval(r: EvalReport) -> None:
-    """The eval figures as a small table."""
+    """The eval figures: per language accuracy, per-class precision/recall/F1 and the confusion matrix, then the
+    answer quality and speed figures and the slowest rows."""
     print(f"\nqwenspark eval: {r.rows} rows, model {r.model}, prompt {r.prompt_version}")
     for lang, acc in r.accuracy_by_lang.items():
-        print(f"  accuracy[{lang}]      {acc:.3f}  ({r.rows_by_lang[lang]} rows)")
-    print(f"  accuracy          {r.accuracy:.3f}")
-    print(f"  macro-F1          {r.macro_f1:.3f}")
-    print(f"  schema-valid      {r.schema_valid_rate:.3f}")
-    print(f"  error rate        {r.error_rate:.3f}")
-    print(f"  rows/s            {r.rows_per_s:.2f}")
-    print(f"  gen tokens/s      {r.gen_tokens_per_s:.1f}")
-    print(f"  analysis seconds  {r.seconds:.1f} (engine load + warm-up {r.engine_load_seconds:.1f} s before)")
+        print(f"\n  [{lang}] {r.rows_by_lang[lang]} rows: accuracy {acc:.3f}, macro-F1 {r.macro_f1_by_lang[lang]:.3f}")
+        print(f"    {'gold class':12} {'precision':>9} {'recall':>7} {'F1':>6} {'support':>8}")
+        for label, c in r.per_class_by_lang[lang].items():
+            print(f"    {label:12} {c['precision']:>9.3f} {c['recall']:>7.3f} {c['f1']:>6.3f} {int(c['support']):>8}")
+        answers = list(next(iter(r.confusion_by_lang[lang].values())))
+        print(f"    {'gold / answer':14}" + "".join(f"{a:>10}" for a in answers))
+        for gold, row in r.confusion_by_lang[lang].items():
+            print(f"    {gold:14}" + "".join(f"{row[a]:>10}" for a in answers))
+    print(f"""
+  accuracy            {r.accuracy:.3f}   (mixed scores as neutral against star labels: qwenspark.scoring)
+  macro-F1            {r.macro_f1:.3f}
+  schema-valid        {r.schema_valid_rate:.3f}
+  error rate          {r.error_rate:.3f}
+  summary in language {r.summary_in_language_rate:.3f}
+  cut or looping      {r.cut_or_looping_rate:.4f}
+  tokens out / review {r.mean_tokens_out:.1f}
+  rows/s              {r.rows_per_s:.2f}
+  gen tokens/s        {r.gen_tokens_per_s:.1f}
+  analysis seconds    {r.seconds:.1f} (engine load + warm-up {r.engine_load_seconds:.1f} s before)""")
+    print("  slowest rows        " + ", ".join(f"{x['source_id']} ({x['latency_ms']} ms, {x['tokens_out']} tokens)"
+                                              for x in r.slowest))
+
+
+# The figures --compare sets side by side: (label, path into the report's JSON).
+_COMPARED: list[tuple[str, tuple[str, ...]]] = [
+    ("rows", ("rows",)), ("accuracy", ("accuracy",)), ("macro-F1", ("macro_f1",)),
+    ("schema-valid", ("schema_valid_rate",)), ("summary in language", ("summary_in_language_rate",)),
+    ("cut or looping", ("cut_or_looping_rate",)), ("tokens out / review", ("mean_tokens_out",)),
+    ("rows/s", ("rows_per_s",))]
+
+
+def _dig(report: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        report = report.get(key) if isinstance(report, dict) else None
+    return report
+
+
+def print_compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) -> None:
+    """Two eval reports (their JSON) side by side, with B - A."""
+    rows: list[tuple[str, tuple[str, ...]]] = [("model", ("model",)), ("prompt", ("prompt_version",)), *_COMPARED]
+    for lang in sorted(set(a.get("accuracy_by_lang", {})) | set(b.get("accuracy_by_lang", {}))):
+        rows.append((f"accuracy[{lang}]", ("accuracy_by_lang", lang)))
+        rows.append((f"macro-F1[{lang}]", ("macro_f1_by_lang", lang)))
+        classes = set(_dig(a, ("per_class_by_lang", lang)) or {}) | set(_dig(b, ("per_class_by_lang", lang)) or {})
+        rows += [(f"F1[{lang}:{label}]", ("per_class_by_lang", lang, label, "f1")) for label in sorted(classes)]
+    width = max(12, *(len(n) + 2 for n in names))
+    print(f"{'':22}{names[0]:>{width}}{names[1]:>{width}}{'B - A':>10}")
+    for label, path in rows:
+        x, y = _dig(a, path), _dig(b, path)
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
+        delta = f"{y - x:+.3f}" if numbers else ""
+        print(f"{label:22}{_fmt(x):>{width}}{_fmt(y):>{width}}{delta:>10}")
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3f}" if isinstance(x, float) else str(x)

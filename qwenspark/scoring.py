@@ -1,0 +1,103 @@
+"""How predictions are scored against labelled reviews: the label semantics, confusion matrices, per-class figures.
+
+The model answers one of four labels (LABELS). Gold labels come in two schemes:
+- binary (ChnSentiCorp, zh): positive / negative. A `neutral` or `mixed` answer is wrong: the corpus has no
+  middle class, and every review in it leans one way.
+- stars (TripAdvisor, en): 1-2 stars negative, 3 neutral, 4-5 positive. A `mixed` answer scores as `neutral`:
+  a 3-star review is the middle of the scale, and "praise and complaints of similar weight" (mixed) is what
+  most 3-star reviews say. `neutral` scores as `neutral`.
+A row without a label (an error) is always wrong. Confusion matrices keep every raw answer in its own column
+(the four labels and `error`), so no class is dropped; accuracy and precision/recall/F1 use the scored label,
+F1 averaged over the gold classes of the row's scheme (macro-F1).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+LABELS = ("positive", "negative", "neutral", "mixed")
+ERROR = "error"  # the answer column of a row without a label
+ANSWERS = (*LABELS, ERROR)
+BINARY, STARS = ("negative", "positive"), ("negative", "neutral", "positive")
+# The degenerate loops of a small model: a unit of 1-3 characters 8 times or more in a row ("？？？？？？？？"), or
+# one of 4-20 characters 5 times or more ("good good good good good ").
+_LOOP = re.compile(r"(.{1,3}?)\1{7,}|(.{4,20}?)\2{4,}", re.DOTALL)
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN_WORD = re.compile(r"[A-Za-z]+")
+
+
+def scheme(gold: Sequence[str]) -> tuple[str, ...]:
+    """The gold scheme of a set of rows: stars when any row is neutral, else binary."""
+    return STARS if "neutral" in gold else BINARY
+
+
+def scored(answer: str | None, classes: tuple[str, ...]) -> str:
+    """The label an answer counts as under a gold scheme (ERROR for no answer)."""
+    if answer is None:
+        return ERROR
+    if classes == STARS and answer == "mixed":
+        return "neutral"
+    return answer
+
+
+@dataclass(frozen=True)
+class ClassScore:
+    """Precision, recall and F1 of one gold class, with its support (gold rows)."""
+
+    precision: float
+    recall: float
+    f1: float
+    support: int
+
+
+def confusion(gold: Sequence[str], answers: Sequence[str | None]) -> dict[str, dict[str, int]]:
+    """gold label -> raw answer (LABELS and 'error') -> rows; every answer column present."""
+    out = {g: dict.fromkeys(ANSWERS, 0) for g in sorted(set(gold))}
+    for g, a in zip(gold, answers, strict=True):
+        out[g][a if a in LABELS else ERROR] += 1
+    return out
+
+
+def per_class(gold: Sequence[str], answers: Sequence[str | None]) -> dict[str, ClassScore]:
+    """Precision/recall/F1 per gold class of the rows' scheme, on scored labels (0.0 where undefined)."""
+    classes = scheme(gold)
+    pred = [scored(a, classes) for a in answers]
+    out = {}
+    for label in classes:
+        tp = sum(g == label and p == label for g, p in zip(gold, pred, strict=True))
+        predicted = sum(p == label for p in pred)
+        support = sum(g == label for g in gold)
+        precision = tp / predicted if predicted else 0.0
+        recall = tp / support if support else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        out[label] = ClassScore(round(precision, 4), round(recall, 4), round(f1, 4), support)
+    return out
+
+
+def accuracy(gold: Sequence[str], answers: Sequence[str | None]) -> float:
+    """Share of rows whose scored answer is the gold label."""
+    classes = scheme(gold)
+    hits = sum(g == scored(a, classes) for g, a in zip(gold, answers, strict=True))
+    return hits / len(gold) if gold else 0.0
+
+
+def macro_f1(scores: dict[str, ClassScore]) -> float:
+    """Mean F1 over every gold class of the scheme (a class never predicted counts 0)."""
+    return sum(s.f1 for s in scores.values()) / len(scores) if scores else 0.0
+
+
+def looping(text: str | None) -> bool:
+    """True when the text holds a degenerate repetition (_LOOP)."""
+    return bool(text) and _LOOP.search(text or "") is not None
+
+
+def in_language(summary: str | None, lang: str) -> bool | None:
+    """Whether a summary is written in its review's language (zh: at least as many Han characters as Latin words, so
+    "WiFi很差" counts; en: Latin words and no Han character); None when there is no summary or the language is
+    neither."""
+    if not summary or lang not in ("zh", "en"):
+        return None
+    han, words = len(_HAN.findall(summary)), len(_LATIN_WORD.findall(summary))
+    return han >= words and han > 0 if lang == "zh" else han == 0 and words > 0

@@ -1,0 +1,120 @@
+"""The eval's scores on hand-made predictions (not model output): label semantics, confusion matrix, per-class
+precision/recall/F1, cut and looping answers, summary language, and `eval --compare`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from qwenspark import scoring
+from qwenspark.evaluate import score
+from qwenspark.parse import CUT_ERROR
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# en (stars): 4 positive, 2 neutral, 2 negative gold rows; answers include mixed (scores as neutral) and an error.
+EN_GOLD = ["positive", "positive", "positive", "positive", "neutral", "neutral", "negative", "negative"]
+EN_ANSWERS = ["positive", "positive", "mixed", None, "mixed", "positive", "negative", "neutral"]
+# zh (binary): neutral and mixed answers are wrong.
+ZH_GOLD = ["positive", "positive", "negative", "negative"]
+ZH_ANSWERS = ["positive", "neutral", "negative", "mixed"]
+
+
+def test_mixed_scores_as_neutral_only_against_star_labels() -> None:
+    assert scoring.scheme(EN_GOLD) == scoring.STARS and scoring.scheme(ZH_GOLD) == scoring.BINARY
+    assert scoring.scored("mixed", scoring.STARS) == "neutral"
+    assert scoring.scored("mixed", scoring.BINARY) == "mixed"
+    assert scoring.scored(None, scoring.STARS) == scoring.ERROR
+    assert scoring.accuracy(EN_GOLD, EN_ANSWERS) == 4 / 8  # rows 0, 1, 4 (mixed = neutral), 6
+    assert scoring.accuracy(ZH_GOLD, ZH_ANSWERS) == 2 / 4
+
+
+def test_the_confusion_matrix_keeps_every_raw_answer() -> None:
+    m = scoring.confusion(EN_GOLD, EN_ANSWERS)
+    assert m == {
+        "negative": {"positive": 0, "negative": 1, "neutral": 1, "mixed": 0, "error": 0},
+        "neutral": {"positive": 1, "negative": 0, "neutral": 0, "mixed": 1, "error": 0},
+        "positive": {"positive": 2, "negative": 0, "neutral": 0, "mixed": 1, "error": 1},
+    }
+    assert sum(sum(r.values()) for r in m.values()) == len(EN_GOLD)
+
+
+def test_per_class_precision_recall_f1_by_hand() -> None:
+    c = scoring.per_class(EN_GOLD, EN_ANSWERS)
+    # scored answers: positive, positive, neutral, error, neutral, positive, negative, neutral
+    # positive: predicted 3 (rows 0, 1, 5), right 2 -> P 2/3; gold 4 -> R 1/2; F1 = 2PR/(P+R) = 4/7
+    assert (c["positive"].precision, c["positive"].recall, c["positive"].f1, c["positive"].support) == (
+        0.6667, 0.5, 0.5714, 4)
+    # neutral: predicted 3 (rows 2, 4, 7), right 1 -> P 1/3; gold 2 -> R 1/2; F1 = 0.4
+    assert (c["neutral"].precision, c["neutral"].recall, c["neutral"].f1) == (0.3333, 0.5, 0.4)
+    # negative: predicted 1, right 1 -> P 1; gold 2 -> R 1/2; F1 2/3
+    assert (c["negative"].precision, c["negative"].recall, c["negative"].f1) == (1.0, 0.5, 0.6667)
+    assert scoring.macro_f1(c) == pytest.approx((0.5714 + 0.4 + 0.6667) / 3)
+    zh = scoring.per_class(ZH_GOLD, ZH_ANSWERS)
+    assert list(zh) == ["negative", "positive"]  # no class beyond the scheme's, none dropped from it
+    assert (zh["positive"].precision, zh["positive"].recall) == (1.0, 0.5)
+
+
+def test_a_class_never_predicted_counts_zero_in_macro_f1() -> None:
+    c = scoring.per_class(["neutral", "positive", "negative"], ["positive", "positive", "negative"])
+    assert c["neutral"].f1 == 0.0 and scoring.macro_f1(c) == pytest.approx((0.6667 + 1.0 + 0.0) / 3)
+
+
+@pytest.mark.parametrize(("text", "loops"), [
+    ("？？？？？？？？？？", True), ("good good good good good good good good ", True), ("哈哈哈哈哈哈哈哈", True),
+    ("Clean room, friendly staff.", False), ("very very very very good", False), ("房间干净，服务好。", False), (None, False), ("!!!", False),
+])
+def test_looping(text: str | None, loops: bool) -> None:
+    assert scoring.looping(text) is loops
+
+
+@pytest.mark.parametrize(("summary", "lang", "ok"), [
+    ("房间干净，服务好", "zh", True), ("WiFi很差", "zh", True), ("Clean room", "zh", False),
+    ("Clean room", "en", True), ("房间干净", "en", False), ("Great 酒店", "en", False), (None, "en", None),
+    ("ok", "fr", None),
+])
+def test_summary_language(summary: str | None, lang: str, ok: bool | None) -> None:
+    assert scoring.in_language(summary, lang) is ok
+
+
+def _report_of_hand_made_rows() -> dict[str, object]:
+    labelled = pd.DataFrame({"source_id": [f"r{i}" for i in range(12)], "lang": ["en"] * 8 + ["zh"] * 4,
+                             "text": ["t"] * 12, "label": EN_GOLD + ZH_GOLD})
+    summaries = ["Nice", "Nice", "Ok", None, "Fine", "Good", "Bad", "Meh", "很好", "还行", "很差", "？？？？？？？？"]
+    errors = [None, None, None, CUT_ERROR + ": '{\"sent'", *[None] * 8]
+    out = pd.DataFrame({"sentiment": EN_ANSWERS + ZH_ANSWERS, "summary": summaries, "error": errors,
+                        "tokens_out": [10, 20, 30, 128, 10, 10, 10, 10, 10, 10, 10, 62],
+                        "latency_ms": [5, 6, 7, 900, 5, 5, 5, 5, 5, 5, 5, 800]})
+    return score(labelled, out, seconds=2.0, engine_load_seconds=1.0, model="m", prompt_version="v1").as_dict()
+
+
+def test_the_report_of_hand_made_rows() -> None:
+    r = _report_of_hand_made_rows()
+    assert r["rows"] == 12 and r["accuracy"] == 6 / 12
+    assert r["accuracy_by_lang"] == {"en": 0.5, "zh": 0.5}
+    assert r["macro_f1_by_lang"]["en"] == pytest.approx((0.5714 + 0.4 + 0.6667) / 3)  # type: ignore[index]
+    assert r["confusion_by_lang"]["zh"]["positive"] == {  # type: ignore[index]
+        "positive": 1, "negative": 0, "neutral": 1, "mixed": 0, "error": 0}
+    assert r["cut_or_looping_rate"] == 2 / 12  # row 3 cut by max_tokens, row 11 loops
+    assert r["summary_in_language_rate"] == 10 / 11  # 11 summaries; the looping "？？？…" is not Chinese
+    assert r["schema_valid_rate"] == 11 / 12 and r["error_rate"] == 1 / 12
+    assert r["mean_tokens_out"] == pytest.approx(320 / 12)
+    assert [x["source_id"] for x in r["slowest"]][:2] == ["r3", "r11"]  # type: ignore[index]
+
+
+def test_eval_compare_prints_two_runs_side_by_side(tmp_path: Path) -> None:
+    a = _report_of_hand_made_rows()
+    b = {**a, "accuracy": 0.75, "prompt_version": "v4"}
+    (tmp_path / "A.json").write_text(json.dumps(a))
+    (tmp_path / "B.json").write_text("some log line\n" + json.dumps(b) + "\n")  # an --json output: its last line
+    out = subprocess.run([sys.executable, "-m", "qwenspark.cli", "eval", "--compare", str(tmp_path / "A.json"),
+                          str(tmp_path / "B.json")], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    lines = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert lines["accuracy"] == ["0.500", "0.750", "+0.250"]
+    assert lines["prompt"] == ["v1", "v4"]
+    assert lines["F1[en:neutral]"] == ["0.400", "0.400", "+0.000"]
