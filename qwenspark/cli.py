@@ -82,7 +82,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     _config_args(ld)
     ld.add_argument("--input", type=Path, default=Path("data/demo/hotel_reviews_demo.csv"))
-    _config_args(sub.add_parser("fetch-model", help="download and convert the embedded default model"))
+    from qwenspark.models.default import CATALOGUE  # stdlib only: the driver stays light
+
+    fetch = sub.add_parser(
+        "fetch-model",
+        help="download and convert the pinned model engine.default_model selects (the default one when it is "
+        "false) into engine.model's parent folder",
+    )
+    _config_args(fetch)
+    fetch.add_argument(
+        "--model",
+        choices=list(CATALOGUE),
+        help="this pinned model instead (its folder, beside engine.model, is printed)",
+    )
     tpl = sub.add_parser(
         "config-template",
         help="print a config template shipped with the package, e.g. `qwenspark config-template cluster-gpu > my.yaml`",
@@ -276,9 +288,10 @@ def _dashboard(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
 
 
 def _fetch_model(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
-    from qwenspark.models.default import ensure_default_model
+    from qwenspark.models.default import DEFAULT, ensure_model, pinned
 
-    print(ensure_default_model(Path(cfg.engine.model).parent))
+    name = args.model or (pinned(cfg.engine.default_model) or DEFAULT).name
+    print(ensure_model(Path(cfg.engine.model).parent, name))
     return 0
 
 

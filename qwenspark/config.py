@@ -268,8 +268,11 @@ class EngineConfig(_Section):
         "$QWENSPARK_CACHE/fingerprints or ~/.cache/qwenspark/fingerprints, so moving the folder keeps the key and "
         "swapping its weights changes it); a hub id or served model by its name.",
     )
-    default_model: bool = Field(
-        False, description="Fetch and convert the embedded default model into `model` if it is missing."
+    default_model: bool | str = Field(
+        False,
+        description="Fetch and convert a pinned model into `model` if it is missing: true the embedded default "
+        "(qwen2.5-coder-0.5b), or a pinned model's name (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b); false: run "
+        "`model` as it is.",
     )
     tokenizer: str | None = Field(None, description="Tokenizer folder, when it differs from model.")
     dtype: str = Field(
@@ -301,6 +304,10 @@ class EngineConfig(_Section):
         "verdict_first",
         description="Field order of the guided JSON answer. The job sets it from prompt.version's template (the "
         "template's few-shot answers use that order); leave it unset.",
+    )
+    summary_max_chars: int | None = Field(
+        None, ge=1, description="The guided grammar's bound on the summary's length. The job sets it from "
+        "prompt.version's template (None: the schema's bound); leave it unset.",
     )
     continuous: bool = Field(
         True, description="Feed the engine continuously across batches (vLLM); false: one generate per batch."
@@ -351,20 +358,37 @@ class EngineConfig(_Section):
             raise ValueError("required when engine.kind=custom, as 'module:callable'")
         return value
 
+    @field_validator("default_model", mode="before")
+    @classmethod
+    def _pinned_model_name(cls, value: Any) -> Any:
+        # true, false or a catalogue name; checked here so that a misspelt name fails at load, not on the workers.
+        from qwenspark.models.default import CATALOGUE, pinned
+
+        if isinstance(value, str):
+            value = value.strip().lower()
+            if value in ("true", "false"):
+                return value == "true"
+        if not isinstance(value, bool | str):
+            raise ValueError(f"expected true, false or one of {', '.join(CATALOGUE)}, got {value!r}")
+        pinned(value)  # raises ValueError naming the known models
+        return value
+
     @model_validator(mode="after")
     def _default_model_folder(self) -> EngineConfig:
-        # default_model fetches into <parent of model>/MODEL_DIRNAME and runs that: another folder name would run
-        # the default model under the user's model name (job_runs.model, review_sentiment.model).
-        if self.default_model:
-            from qwenspark.models.default import MODEL_DIRNAME
+        # default_model fetches into <parent of model>/<the model's folder name> and runs that: another folder name
+        # would run the pinned model under the user's model name (job_runs.model, review_sentiment.model).
+        from qwenspark.models.default import pinned
 
-            if Path(self.model).name != MODEL_DIRNAME:
-                wanted = Path(self.model).parent / MODEL_DIRNAME
-                raise ValueError(
-                    f"default_model: true fetches the default model into a folder named {MODEL_DIRNAME}, "
-                    f"not {self.model!r}: set engine.model to {wanted}, or engine.default_model: false to run "
-                    f"{self.model!r}"
-                )
+        selected = pinned(self.default_model)
+        if selected is not None and Path(self.model).name != selected.dirname:
+            wanted = Path(self.model).parent / selected.dirname
+            shown, what = ("true", "the default model") if self.default_model is True else (
+                str(self.default_model), selected.title)
+            raise ValueError(
+                f"default_model: {shown} fetches {what} into a folder named {selected.dirname}, "
+                f"not {self.model!r}: set engine.model to {wanted}, or engine.default_model: false to run "
+                f"{self.model!r}"
+            )
         return self
 
     @field_validator("base_url")

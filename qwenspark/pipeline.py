@@ -64,12 +64,15 @@ class RunSummary:
 
 
 def prepare_model(cfg: QwenSparkConfig) -> QwenSparkConfig:
-    """Fetch the embedded default model if asked, and make a local model path absolute for executors."""
+    """Fetch the pinned model engine.default_model selects, if any, and make a local model path absolute for
+    executors."""
     model = Path(cfg.engine.model)
-    if cfg.engine.default_model:
-        from qwenspark.models.default import ensure_default_model
+    if cfg.engine.default_model is not False:
+        from qwenspark.models.default import ensure_model, pinned
 
-        model = ensure_default_model(model.parent)
+        selected = pinned(cfg.engine.default_model)
+        if selected is not None:
+            model = ensure_model(model.parent, selected.name)
     if model.exists():
         engine = cfg.engine.model_copy(update={"model": str(model.resolve())})
         return cfg.model_copy(update={"engine": engine})

@@ -1,1 +1,1 @@
-"""Model folders qwenspark can make on its own: the pinned default Qwen (the tiny test model is tests/support)."""
+"""Model folders qwenspark can make on its own: the pinned Qwen GGUFs on PyPI (the tiny test model is tests/support)."""
