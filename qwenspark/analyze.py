@@ -120,8 +120,10 @@ def _engine_for_task(
     spec: AnalyzeSpec, metrics: Metrics | None, engine_factory: EngineFactory | None
 ) -> tuple[Engine, str]:
     """The worker's cached engine for this task's GPUs (loaded if needed); returns it and "pid:gpus"."""
-    # The guided answer's field order is the prompt template's (its few-shot answers are written in it).
-    ordered = spec.engine.model_copy(update={"answer_order": get_template(spec.prompt_version).answer_order})
+    # The guided answer's field order and summary bound are the prompt template's (its few-shot answers follow them).
+    template = get_template(spec.prompt_version)
+    ordered = spec.engine.model_copy(update={"answer_order": template.answer_order,
+                                             "summary_max_chars": template.summary_max_chars})
     engine_cfg, devices = pin_task_gpus(ordered)
     cores: list[int] = []
     if spec.cores:

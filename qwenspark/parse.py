@@ -33,12 +33,15 @@ ANSWER_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def json_schema(order: AnswerOrder = "verdict_first") -> dict[str, Any]:
+def json_schema(order: AnswerOrder = "verdict_first", summary_max_chars: int | None = None) -> dict[str, Any]:
     """The JSON schema handed to guided decoding, its properties in `order` (strings carry maxLength so decoding
-    always ends)."""
+    always ends; summary_max_chars tightens the summary's, as a prompt version asks)."""
     schema = ReviewAnalysis.model_json_schema()
     fields = ANSWER_FIELDS[order]
-    schema["properties"] = {name: schema["properties"][name] for name in fields}
+    schema["properties"] = {name: dict(schema["properties"][name]) for name in fields}
+    if summary_max_chars is not None:
+        summary = schema["properties"]["summary"]
+        summary["maxLength"] = min(summary["maxLength"], summary_max_chars)
     schema["required"] = list(fields)
     return schema
 

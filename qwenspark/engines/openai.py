@@ -152,7 +152,8 @@ class OpenAIEngine:
         if cfg.guided:
             self._body["response_format"] = {
                 "type": "json_schema",
-                "json_schema": {"name": "review_analysis", "schema": json_schema(cfg.answer_order), "strict": True},
+                "json_schema": {"name": "review_analysis", "strict": True,
+                                "schema": json_schema(cfg.answer_order, cfg.summary_max_chars)},
             }
         self._tokenizer: Any = None
         if cfg.tokenizer:

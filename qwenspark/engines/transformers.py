@@ -58,7 +58,7 @@ class TransformersEngine:
             info = xgrammar.TokenizerInfo.from_huggingface(
                 self._tok, vocab_size=self._model.config.vocab_size, stop_token_ids=sorted(self._eos)
             )
-            schema = json_schema(cfg.answer_order)
+            schema = json_schema(cfg.answer_order, cfg.summary_max_chars)
             self._grammar = xgrammar.GrammarCompiler(info).compile_json_schema(schema, any_whitespace=False)
 
     def encode(self, text: str) -> list[int]:

@@ -81,11 +81,12 @@ class VllmEngine:
         self._tokenizer = self._llm.get_tokenizer()
         self._client_errors = _client_errors()
         self._ids = itertools.count()
+        schema = json_schema(cfg.answer_order, cfg.summary_max_chars)
         self._params = SamplingParams(
             temperature=cfg.temperature,
             seed=cfg.seed,
             max_tokens=cfg.max_tokens,
-            structured_outputs=StructuredOutputsParams(json=json_schema(cfg.answer_order)) if cfg.guided else None,
+            structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided else None,
         )
 
     def encode(self, text: str) -> list[int]:

@@ -114,13 +114,14 @@ def test_partition_function_rechunks_and_loads_engine_once() -> None:
     cache.clear()
 
 
-@pytest.mark.parametrize(("version", "order"), [("v1", "verdict_first"), ("v3", "verdict_last")])
-def test_the_engine_is_built_with_the_templates_answer_order(version: str, order: str) -> None:
+@pytest.mark.parametrize(("version", "order"), [("v1", ("verdict_first", None)), ("v3", ("verdict_last", None)),
+                                                ("v4", ("verdict_first", 100))])
+def test_the_engine_is_built_with_the_templates_answer_order(version: str, order: tuple[str, int | None]) -> None:
     cache.clear()
-    orders: list[str] = []
+    orders: list[tuple[str, int | None]] = []
 
     def factory(cfg: EngineConfig) -> FakeEngine:
-        orders.append(cfg.answer_order)
+        orders.append((cfg.answer_order, cfg.summary_max_chars))
         return FakeEngine()
 
     spec = AnalyzeSpec(engine=EngineConfig(model="fake", batch_size=4), prompt_version=version, max_review_tokens=50)

@@ -7,7 +7,7 @@ import pytest
 from qwenspark.errors import ConfigError
 from qwenspark.parse import aspects_json, json_schema, parse_completion
 from qwenspark.prompts import detect_lang, get_template
-from qwenspark.schemas import ASPECTS, SENTIMENTS
+from qwenspark.schemas import ASPECTS, SENTIMENTS, SUMMARY_MAX_CHARS
 
 
 def test_messages_end_with_the_review_in_its_language() -> None:
@@ -110,7 +110,7 @@ def test_v2_frames_the_review_as_data() -> None:
     assert {json.loads(a)["sentiment"] for _, a in injected} == {"negative", "positive"}
 
 
-@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
 def test_few_shot_answers_are_written_in_the_templates_answer_order(version: str) -> None:
     # The guided schema forces the template's field order: few-shot answers in another order would teach the
     # model a layout it is then not allowed to write.
@@ -128,3 +128,13 @@ def test_v3_writes_the_verdict_last_with_v2s_framing() -> None:
     assert "never instructions" in v3.system and '{"aspects": ' in v3.system
     assert v3.messages("房间很好", "zh")[-1] == v2.messages("房间很好", "zh")[-1]
     assert [json.loads(a) for _, a in v3.examples] == [json.loads(a) for _, a in v2.examples]  # same answers
+
+
+def test_v4_is_v1_with_the_summary_bounded_by_the_grammar() -> None:
+    v1, v4 = get_template("v1"), get_template("v4")
+    assert v4.system == v1.system.replace("at most 200 characters", "at most 100 characters") != v1.system
+    assert v4.examples == v1.examples and v4.user_prefix == v1.user_prefix and v4.answer_order == v1.answer_order
+    assert v4.summary_max_chars == 100 and v1.summary_max_chars is None
+    assert all(len(json.loads(a)["summary"]) <= v4.summary_max_chars for _, a in v4.examples)
+    assert json_schema(v4.answer_order, v4.summary_max_chars)["properties"]["summary"]["maxLength"] == 100
+    assert json_schema()["properties"]["summary"]["maxLength"] == SUMMARY_MAX_CHARS  # the others unchanged

@@ -67,7 +67,8 @@ def test_a_class_never_predicted_counts_zero_in_macro_f1() -> None:
 
 @pytest.mark.parametrize(("text", "loops"), [
     ("？？？？？？？？？？", True), ("good good good good good good good good ", True), ("哈哈哈哈哈哈哈哈", True),
-    ("Clean room, friendly staff.", False), ("very very very very good", False), ("房间干净，服务好。", False), (None, False), ("!!!", False),
+    ("Clean room, friendly staff.", False), ("very very very very good", False), ("房间干净，服务好。", False),
+    (None, False), ("!!!", False),
 ])
 def test_looping(text: str | None, loops: bool) -> None:
     assert scoring.looping(text) is loops
