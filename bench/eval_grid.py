@@ -5,8 +5,9 @@
 
 Each cell is one `qwenspark eval` (the whole pipeline through Spark, the same seeded sample of the labelled dev
 reviews in ../shared/data/hotel_reviews, split evenly between zh and en) with --set prompt.version=P and, for a
-model other than the default, --set engine.default_model=M; its JSON goes to bench/results/eval/<P>_<M>.json
-(compare two with `qwenspark eval --compare A.json B.json`). Prints the table and writes bench/results/eval_grid.json.
+model other than the default, --set engine.default_model=M; its JSON goes to bench/results/eval/<P>_<M>_n<N>_s<S>.json
+(compare two with `qwenspark eval --compare A.json B.json`). Prints the table and writes
+bench/results/eval_grid_n<N>_s<S>.json. --exclude-sample 120:3 reports on rows that sample did not hold.
 The labels' scoring: qwenspark/scoring.py (README, "Labels and how they are scored").
 """
 
@@ -36,10 +37,13 @@ def _dig(report: Any, path: tuple[str, ...]) -> Any:
     return report
 
 
-def run_cell(prompt: str, model: str, limit: int, seed: int, extra: list[str], *, reuse: bool) -> dict[str, Any]:
-    """One eval run; its report (also left in OUT). reuse: a report already in OUT for the same sample is taken."""
+def run_cell(prompt: str, model: str, sample: tuple[int, int, list[str]], extra: list[str], *,
+             reuse: bool) -> dict[str, Any]:
+    """One eval run of sample (limit, seed, excluded N:SEED samples); its report (also left in OUT). reuse: a report
+    already in OUT for the same sample is taken."""
+    limit, seed, exclude = sample
     OUT.mkdir(parents=True, exist_ok=True)
-    out = OUT / f"{prompt}_{model}.json"
+    out = OUT / f"{prompt}_{model}_n{limit}_s{seed}.json"
     if reuse and out.is_file():
         kept: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
         if kept.get("rows") == limit:
@@ -49,6 +53,7 @@ def run_cell(prompt: str, model: str, limit: int, seed: int, extra: list[str], *
         sets += [f"engine.default_model={model}", f"engine.model=.cache/models/{model}-instruct"]
     cmd = [sys.executable, "-m", "qwenspark.cli", "-q", "eval", "--config", str(ROOT / "conf" / "local.yaml"),
            "--input", str(DEV), "--limit", str(limit), "--seed", str(seed), "--out", str(out),
+           *(f"--exclude-sample={x}" for x in exclude),
            *(f"--set={s}" for s in sets)]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
     print("$", " ".join(cmd[1:]), flush=True)
@@ -65,10 +70,13 @@ def main() -> int:
     parser.add_argument("--models", default=DEFAULT_MODEL)
     parser.add_argument("--set", dest="extra", action="append", default=[], help="more config overrides")
     parser.add_argument("--reuse", action="store_true", help="take cells already in bench/results/eval (same size)")
+    parser.add_argument("--exclude-sample", action="append", default=[], metavar="N:SEED",
+                        help="leave out the rows of that sample (the one prompts and models were chosen on)")
     args = parser.parse_args()
-    cells = {(p, m): run_cell(p, m, args.limit, args.seed, args.extra, reuse=args.reuse)
+    sample = (args.limit, args.seed, args.exclude_sample)
+    cells = {(p, m): run_cell(p, m, sample, args.extra, reuse=args.reuse)
              for m in args.models.split(",") for p in args.prompts.split(",")}
-    print(f"\n{args.limit} dev rows (seed {args.seed})")
+    print(f"\n{args.limit} dev rows (seed {args.seed}; excluded: {args.exclude_sample or 'none'})")
     print(f"{'prompt':8}{'model':22}" + "".join(f"{name:>12}" for name, _ in COLUMNS))
     table = []
     for (prompt, model), report in cells.items():
@@ -76,8 +84,10 @@ def main() -> int:
         table.append({"prompt": prompt, "model": model, **values})
         print(f"{prompt:8}{model:22}" + "".join(
             f"{v:>12.3f}" if isinstance(v, float) else f"{v!s:>12}" for v in values.values()))
-    result = {"limit": args.limit, "seed": args.seed, "sets": args.extra, "table": table}
-    (ROOT / "bench" / "results" / "eval_grid.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    result = {"limit": args.limit, "seed": args.seed, "excluded": args.exclude_sample, "sets": args.extra,
+              "table": table}
+    grid = ROOT / "bench" / "results" / f"eval_grid_n{args.limit}_s{args.seed}.json"
+    grid.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

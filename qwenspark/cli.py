@@ -60,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--input", type=Path, help="CSV with source_id, lang, text, rating, label")
     ev.add_argument("--limit", type=int, help="rows to use, split evenly across languages (seeded sample)")
     ev.add_argument("--seed", type=int, default=0, help="sampling seed for --limit")
+    ev.add_argument("--exclude-sample", action="append", default=[], type=_sample_arg, metavar="N:SEED",
+                    help="leave out the rows that --limit N --seed SEED picks (held-out reports; repeatable)")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     ev.add_argument("--out", type=Path, help="also write the figures' JSON to this file (for --compare)")
     ev.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"),
@@ -207,7 +209,7 @@ def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     from qwenspark.evaluate import load_labelled, run_eval
     from qwenspark.report import print_eval
 
-    labelled = load_labelled(args.input, args.limit, args.seed)
+    labelled = load_labelled(args.input, args.limit, args.seed, exclude=args.exclude_sample)
     cfg, report = _with_spark(cfg, lambda spark, c: run_eval(spark, c, labelled))
     print_eval(report)
     figures = report.as_dict()
@@ -216,6 +218,14 @@ def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
+
+
+def _sample_arg(raw: str) -> tuple[int, int]:
+    limit, _, seed = raw.partition(":")
+    try:
+        return int(limit), int(seed)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N:SEED (e.g. 120:3), got {raw!r}") from None
 
 
 def _compare(paths: list[Path]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -51,8 +52,11 @@ class EvalReport:
         return asdict(self)
 
 
-def load_labelled(path: Path, limit: int | None, seed: int = 0) -> pd.DataFrame:
-    """Read the CSV; with limit, a seeded sample split evenly across languages."""
+def load_labelled(path: Path, limit: int | None, seed: int = 0,
+                  exclude: Sequence[tuple[int, int]] = ()) -> pd.DataFrame:
+    """Read the CSV; with limit, a seeded sample split evenly across languages. exclude: (limit, seed) pairs of
+    samples (as this function draws them from the whole CSV) whose rows are left out first, so that a report can be
+    made on rows that were not used to choose a prompt or a model."""
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except (OSError, pd.errors.ParserError) as exc:
@@ -60,6 +64,13 @@ def load_labelled(path: Path, limit: int | None, seed: int = 0) -> pd.DataFrame:
     missing = [c for c in LABEL_COLUMNS if c not in df.columns]
     if missing:
         raise SourceError(f"eval: {path} lacks columns {missing}")
+    used = {sid for n, s in exclude for sid in _sample(df, n, s)["source_id"]}
+    df = df[~df["source_id"].isin(used)]
+    return _sample(df, limit, seed)
+
+
+def _sample(df: pd.DataFrame, limit: int | None, seed: int) -> pd.DataFrame:
+    """A seeded sample of limit rows split evenly across languages (all rows without limit)."""
     if limit is not None and limit < len(df):
         langs = sorted(df["lang"].unique())
         per = [limit // len(langs) + (1 if i < limit % len(langs) else 0) for i in range(len(langs))]

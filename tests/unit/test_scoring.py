@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from qwenspark import scoring
-from qwenspark.evaluate import score
+from qwenspark.evaluate import load_labelled, score
 from qwenspark.parse import CUT_ERROR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,3 +119,19 @@ def test_eval_compare_prints_two_runs_side_by_side(tmp_path: Path) -> None:
     assert lines["accuracy"] == ["0.500", "0.750", "+0.250"]
     assert lines["prompt"] == ["v1", "v4"]
     assert lines["F1[en:neutral]"] == ["0.400", "0.400", "+0.000"]
+
+
+def test_a_held_out_sample_shares_no_row_with_the_excluded_ones(tmp_path: Path) -> None:
+    csv = tmp_path / "dev.csv"
+    rows = [{"source_id": f"{lang}-{i}", "lang": lang, "text": "t", "rating": "", "label": "positive"}
+            for lang in ("en", "zh") for i in range(100)]
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    chosen = load_labelled(csv, 40, seed=3)
+    assert chosen["lang"].value_counts().to_dict() == {"en": 20, "zh": 20}
+    held_out = load_labelled(csv, 60, seed=5, exclude=[(40, 3)])
+    assert held_out["lang"].value_counts().to_dict() == {"en": 30, "zh": 30}
+    assert not set(held_out["source_id"]) & set(chosen["source_id"])
+    assert load_labelled(csv, 60, seed=5).equals(load_labelled(csv, 60, seed=5, exclude=[]))  # same draw as before
+    rest = load_labelled(csv, None, exclude=[(40, 3)])  # every row but the chosen ones
+    assert len(rest) == 160 and set(held_out["source_id"]) <= set(rest["source_id"])
+    assert not set(rest["source_id"]) & set(chosen["source_id"])
