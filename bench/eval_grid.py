@@ -22,6 +22,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from qwenspark.report import dig  # noqa: E402
+
 DEV = ROOT.parent / "shared" / "data" / "hotel_reviews" / "reviews_dev.csv"
 OUT = ROOT / "bench" / "results" / "eval"
 DEFAULT_MODEL = "qwen2.5-coder-0.5b"
@@ -29,12 +33,6 @@ COLUMNS = [("zh acc", ("accuracy_by_lang", "zh")), ("en acc", ("accuracy_by_lang
            ("en macro-F1", ("macro_f1_by_lang", "en")), ("valid", ("schema_valid_rate",)),
            ("cut/loop", ("cut_or_looping_rate",)), ("summ. lang", ("summary_in_language_rate",)),
            ("tok/review", ("mean_tokens_out",)), ("rows/s", ("rows_per_s",))]
-
-
-def _dig(report: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        report = report.get(key) if isinstance(report, dict) else None
-    return report
 
 
 def run_cell(prompt: str, model: str, sample: tuple[int, int, list[str]], extra: list[str], *,
@@ -80,7 +78,7 @@ def main() -> int:
     print(f"{'prompt':8}{'model':22}" + "".join(f"{name:>12}" for name, _ in COLUMNS))
     table = []
     for (prompt, model), report in cells.items():
-        values = {name: _dig(report, path) for name, path in COLUMNS}
+        values = {name: dig(report, path) for name, path in COLUMNS}
         table.append({"prompt": prompt, "model": model, **values})
         print(f"{prompt:8}{model:22}" + "".join(
             f"{v:>12.3f}" if isinstance(v, float) else f"{v!s:>12}" for v in values.values()))

@@ -89,7 +89,8 @@ _COMPARED: list[tuple[str, tuple[str, ...]]] = [
     ("rows/s", ("rows_per_s",))]
 
 
-def _dig(report: Any, path: tuple[str, ...]) -> Any:
+def dig(report: Any, path: tuple[str, ...]) -> Any:
+    """The value at path in an eval report's JSON, or None where it has none."""
     for key in path:
         report = report.get(key) if isinstance(report, dict) else None
     return report
@@ -101,12 +102,12 @@ def print_compare(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]) 
     for lang in sorted(set(a.get("accuracy_by_lang", {})) | set(b.get("accuracy_by_lang", {}))):
         rows.append((f"accuracy[{lang}]", ("accuracy_by_lang", lang)))
         rows.append((f"macro-F1[{lang}]", ("macro_f1_by_lang", lang)))
-        classes = set(_dig(a, ("per_class_by_lang", lang)) or {}) | set(_dig(b, ("per_class_by_lang", lang)) or {})
+        classes = set(dig(a, ("per_class_by_lang", lang)) or {}) | set(dig(b, ("per_class_by_lang", lang)) or {})
         rows += [(f"F1[{lang}:{label}]", ("per_class_by_lang", lang, label, "f1")) for label in sorted(classes)]
     width = max(12, *(len(n) + 2 for n in names))
     print(f"{'':22}{names[0]:>{width}}{names[1]:>{width}}{'B - A':>10}")
     for label, path in rows:
-        x, y = _dig(a, path), _dig(b, path)
+        x, y = dig(a, path), dig(b, path)
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
         delta = f"{y - x:+.3f}" if numbers else ""
         print(f"{label:22}{_fmt(x):>{width}}{_fmt(y):>{width}}{delta:>10}")

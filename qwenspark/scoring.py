@@ -17,7 +17,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-LABELS = ("positive", "negative", "neutral", "mixed")
+from qwenspark.schemas import SENTIMENTS
+
+LABELS = SENTIMENTS  # the model's answers
 ERROR = "error"  # the answer column of a row without a label
 ANSWERS = (*LABELS, ERROR)
 BINARY, STARS = ("negative", "positive"), ("negative", "neutral", "positive")
