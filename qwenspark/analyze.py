@@ -20,6 +20,7 @@ from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Engine, Message, StreamingEngine
 from qwenspark.errors import RequestError
 from qwenspark.faults import failpoint
+from qwenspark.guard import strip_directives
 from qwenspark.parse import aspects_json, parse_completion
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.resources import pin_task_gpus, pin_threads
@@ -74,6 +75,7 @@ class AnalyzeSpec:
     prompt_version: str
     max_review_tokens: int
     cores: int = 0  # threads each engine gets (0: leave the worker's settings)
+    guard: bool = True  # prompt.guard: instructions to the model cut from the review first (qwenspark.guard)
 
 
 def make_analyze_fn(
@@ -195,9 +197,19 @@ class PreparedBatch:
         self.latency_ms = [0] * n
         self.todo: list[int] = []  # row index of each conversation
         self.conversations: list[list[Message]] = []
-        for i, (text, lang) in enumerate(zip(chunk["text"], chunk["lang"], strict=True)):
+        self.guarded: list[int] = []  # row index of each review that had instructions to the model cut
+        for i, (raw, lang) in enumerate(zip(chunk["text"], chunk["lang"], strict=True)):
             if self.errors[i] is not None:
                 continue
+            text = raw
+            if spec.guard:
+                guarded = strip_directives(raw)
+                if guarded.removed:
+                    self.guarded.append(i)
+                if guarded.empty:
+                    self.errors[i] = "empty: nothing left once the instructions to the model are cut"
+                    continue
+                text = guarded.text
             # Only the engine's refusal of this review is the row's error: a ValueError or TypeError from our own
             # code is a bug and fails the task (it would otherwise become an error row on every row).
             try:
@@ -209,6 +221,11 @@ class PreparedBatch:
             self.conversations.append(template.messages(cut, detect_lang(cut, given)))
             self.todo.append(i)
         self.remaining = len(self.todo)
+        if self.guarded:
+            # The ids, not the text: the log must not carry review content (it may hold personal data).
+            ids = [str(chunk["review_id"].iat[i]) for i in self.guarded[:20]]
+            log.warning("instructions to the model cut from %d review(s) before analysis: review_id %s%s",
+                        len(self.guarded), ", ".join(ids), " ..." if len(self.guarded) > 20 else "")
 
     def fill(self, j: int, done: Completion | str, latency_ms: int) -> None:
         """Store the answer (or engine error) of conversation j."""

@@ -413,6 +413,12 @@ class PromptConfig(_Section):
     """Which versioned prompt template to use."""
 
     version: str = Field("v1", description="Prompt template version (see qwenspark.prompts.TEMPLATES).")
+    guard: bool = Field(
+        True,
+        description="Cut what addresses the model inside a review (orders, fake answers, chat turns, fake "
+        "</review> tags: qwenspark.guard) before the engine reads it; the stored review is unchanged. A review "
+        "that holds nothing else gets an empty: error.",
+    )
 
     @field_validator("version")
     @classmethod

@@ -77,7 +77,7 @@ def _check_results(cfg: QwenSparkConfig, rows: list[HostileRow], got: dict[int, 
         if row is not None and row.text is not None:
             empty = isinstance(error, str) and error.startswith("empty:")
             invalid = isinstance(error, str) and error.startswith("invalid:")  # flagged before the text is read
-            assert empty == (not row.has_content) or invalid, (rid, row.kind, row.text[:80], error)
+            assert empty == (not row.has_content or row.orders_only) or invalid, (rid, row.kind, row.text[:80], error)
     calls = echo_records(records)
     assert calls, "the engine was never called: the proof proves nothing"
     assert sum(c["no_content"] for c in calls) == 0, "a text without content reached the model"

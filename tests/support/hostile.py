@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from qwenspark.config import DbConfig
+from qwenspark.guard import strip_directives
 from qwenspark.io import mysql
 
 MIN_ID, MAX_ID = -(2**63), 2**63 - 1
@@ -140,6 +141,12 @@ class HostileRow:
     def has_content(self) -> bool:
         """Whether the text has content (has_content); else the job must flag it `empty:`."""
         return has_content(self.text)
+
+    @property
+    def orders_only(self) -> bool:
+        """Whether the text holds nothing but instructions to the model: the guard (prompt.guard, on by default)
+        leaves nothing of it, so the job flags it `empty:` without the model."""
+        return self.text is not None and self.has_content and strip_directives(self.text).empty
 
     @property
     def fits_results(self) -> bool:
