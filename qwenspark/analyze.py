@@ -15,6 +15,7 @@ import pandas as pd
 from pyspark.accumulators import AccumulatorParam
 
 from qwenspark.batching import rechunk, truncate_by_tokens
+from qwenspark.calibrate import calibrated
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Engine, Message, StreamingEngine
@@ -82,7 +83,10 @@ def make_analyze_fn(
     spec: AnalyzeSpec, metrics: Metrics | None = None, engine_factory: EngineFactory | None = None
 ) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """Build the mapInPandas function on the driver; it runs on executors."""
-    get_template(spec.prompt_version)  # fail on the driver, not in every task
+    template = get_template(spec.prompt_version)  # fail on the driver, not in every task
+    if template.label_bias is not None and spec.engine.kind in ("transformers", "openai"):
+        log.warning("prompt %s is calibrated from label log-probabilities, which engine.kind=%s does not report: "
+                    "its labels are stored as generated", spec.prompt_version, spec.engine.kind)
 
     def analyze_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         _worker_logging()
@@ -124,8 +128,11 @@ def _engine_for_task(
     """The worker's cached engine for this task's GPUs (loaded if needed); returns it and "pid:gpus"."""
     # The guided answer's field order and summary bound are the prompt template's (its few-shot answers follow them).
     template = get_template(spec.prompt_version)
-    ordered = spec.engine.model_copy(update={"answer_order": template.answer_order,
-                                             "summary_max_chars": template.summary_max_chars})
+    ordered = spec.engine.model_copy(update={
+        "answer_order": template.answer_order,
+        "summary_max_chars": template.summary_max_chars,
+        "label_logprobs": spec.engine.label_logprobs or template.label_bias is not None,
+    })
     engine_cfg, devices = pin_task_gpus(ordered)
     cores: list[int] = []
     if spec.cores:
@@ -185,6 +192,7 @@ class PreparedBatch:
         if missing:
             raise ValueError(f"analyze stage: input lacks columns {missing}")
         template = get_template(spec.prompt_version)
+        self.label_bias = template.label_bias
         n = len(chunk)
         self.chunk, self.model, self.prompt_version = chunk, engine.model_name, spec.prompt_version
         self.sentiment: list[str | None] = [None] * n
@@ -194,6 +202,8 @@ class PreparedBatch:
         self.truncated = [False] * n
         self.tokens_in = [0] * n
         self.tokens_out = [0] * n
+        self.langs: list[str] = [""] * n  # the language each prompt was built for (the calibration's key)
+        self.label_logprobs: list[dict[str, float] | None] = [None] * n  # as the engine reported them
         self.latency_ms = [0] * n
         self.todo: list[int] = []  # row index of each conversation
         self.conversations: list[list[Message]] = []
@@ -218,7 +228,8 @@ class PreparedBatch:
                 self.errors[i] = f"prompt: {type(exc).__name__}: {exc}"
                 continue
             given = lang if isinstance(lang, str) else None
-            self.conversations.append(template.messages(cut, detect_lang(cut, given)))
+            self.langs[i] = detect_lang(cut, given)
+            self.conversations.append(template.messages(cut, self.langs[i]))
             self.todo.append(i)
         self.remaining = len(self.todo)
         if self.guarded:
@@ -236,11 +247,13 @@ class PreparedBatch:
             self.errors[i] = done
             return
         self.tokens_in[i], self.tokens_out[i] = done.tokens_in, done.tokens_out
+        self.label_logprobs[i] = done.label_logprobs
         parsed = parse_completion(done.text, done.finish_reason)
         if parsed.record is None:
             self.errors[i] = parsed.error
         else:
-            self.sentiment[i] = parsed.record.sentiment
+            bias = self.label_bias.get(self.langs[i]) if self.label_bias else None
+            self.sentiment[i] = calibrated(parsed.record.sentiment, done.label_logprobs, bias)
             self.summary[i] = parsed.record.summary
             self.aspects[i] = aspects_json(parsed.record)
 

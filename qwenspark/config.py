@@ -309,6 +309,11 @@ class EngineConfig(_Section):
         None, ge=1, description="The guided grammar's bound on the summary's length. The job sets it from "
         "prompt.version's template (None: the schema's bound); leave it unset.",
     )
+    label_logprobs: bool = Field(
+        False,
+        description="Ask the engine for the log-probabilities of the sentiment label's first token (set from the "
+        "prompt version: a calibrated version needs them; the vllm engine reports them, others give none).",
+    )
     continuous: bool = Field(
         True, description="Feed the engine continuously across batches (vLLM); false: one generate per batch."
     )

@@ -44,6 +44,9 @@ class Completion:
     finish_reason: str | None  # "stop", "length", ... as the engine reports it
     tokens_in: int
     tokens_out: int
+    # Where the overall sentiment starts, each label's log-probability (engine.label_logprobs; None: not asked for or
+    # not reported by this engine). qwenspark.calibrate turns it into the calibrated label.
+    label_logprobs: dict[str, float] | None = None
 
 
 @runtime_checkable

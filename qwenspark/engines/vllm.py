@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, resolve_dtype
 from qwenspark.errors import EngineError, RequestError
@@ -36,7 +37,17 @@ def _completion(out: Any) -> Completion:
         finish_reason=best.finish_reason,
         tokens_in=len(out.prompt_token_ids or ()),
         tokens_out=len(best.token_ids),
+        label_logprobs=_label_logprobs(best) if best.logprobs else None,
     )
+
+
+def _label_logprobs(best: Any) -> dict[str, float] | None:
+    """The labels' log-probabilities from vLLM's per-token alternatives (dicts of token id -> Logprob, the chosen
+    token among them); read lazily, up to the token where the sentiment starts."""
+    steps = list(zip(best.token_ids, best.logprobs, strict=False))
+    tokens = (str(alts[chosen].decoded_token or "") for chosen, alts in steps)
+    alternatives = ({str(lp.decoded_token or ""): lp.logprob for lp in alts.values()} for _, alts in steps)
+    return label_logprobs(best.text, tokens, alternatives)
 
 
 def _client_errors() -> tuple[type[Exception], ...]:
@@ -86,6 +97,7 @@ class VllmEngine:
             temperature=cfg.temperature,
             seed=cfg.seed,
             max_tokens=cfg.max_tokens,
+            logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
             structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided else None,
         )
 
