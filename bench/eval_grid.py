@@ -82,9 +82,14 @@ def main() -> int:
         table.append({"prompt": prompt, "model": model, **values})
         print(f"{prompt:8}{model:22}" + "".join(
             f"{v:>12.3f}" if isinstance(v, float) else f"{v!s:>12}" for v in values.values()))
+    grid = ROOT / "bench" / "results" / f"eval_grid_n{args.limit}_s{args.seed}.json"
+    # Cells of an earlier run of the same sample stay in the table unless this run measured them again.
+    earlier = json.loads(grid.read_text(encoding="utf-8")) if grid.exists() else {}
+    if earlier.get("excluded") == args.exclude_sample and earlier.get("sets") == args.extra:
+        fresh = {(row["prompt"], row["model"]) for row in table}
+        table = [row for row in earlier.get("table", []) if (row["prompt"], row["model"]) not in fresh] + table
     result = {"limit": args.limit, "seed": args.seed, "excluded": args.exclude_sample, "sets": args.extra,
               "table": table}
-    grid = ROOT / "bench" / "results" / f"eval_grid_n{args.limit}_s{args.seed}.json"
     grid.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
 
