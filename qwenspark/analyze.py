@@ -53,6 +53,7 @@ class Metrics:
     rows: Any  # Accumulator[int]
     gpu_bindings: Any  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> engine loads
     engine_rows: Any = None  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> rows analysed
+    guarded: Any = None  # Accumulator[int]: reviews the guard cut instructions to the model from
 
     def release(self) -> None:
         """Drop these accumulators from PySpark's driver registry once their values are read.
@@ -63,7 +64,8 @@ class Metrics:
         """
         from pyspark.accumulators import _accumulatorRegistry
 
-        for acc in (self.engine_loads, self.batch_sizes, self.rows, self.gpu_bindings, self.engine_rows):
+        for acc in (self.engine_loads, self.batch_sizes, self.rows, self.gpu_bindings, self.engine_rows,
+                    self.guarded):
             if acc is not None:
                 _accumulatorRegistry.pop(acc.aid, None)
 
@@ -106,6 +108,8 @@ def make_analyze_fn(
                     metrics.batch_sizes.add({str(len(chunk)): 1})
                 failpoint("analyze.batch", done)  # executor side, before each batch (the kill tests)
                 batch = PreparedBatch(engine, chunk, spec)
+                if metrics is not None and metrics.guarded is not None and batch.guarded:
+                    metrics.guarded.add(len(batch.guarded))
                 for out in feed.add(batch) if feed is not None else [batch.run_sync(engine)]:
                     done += len(out)
                     _report(out, done, metrics, where)

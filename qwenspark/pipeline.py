@@ -56,10 +56,11 @@ class RunSummary:
     rows_per_engine: dict[str, int] = field(default_factory=dict)  # "pid:gpus" -> rows that engine analysed
     slots: int = 0
     partitions: int = 0
+    rows_guarded: int = 0  # reviews the guard cut instructions to the model from (printed; not a job_runs column)
 
     def job_runs_fields(self) -> dict[str, object]:
         """The columns of job_runs this summary fills."""
-        skip = {"run_id", "batch_sizes", "loads_per_worker", "rows_per_engine", "slots", "partitions"}
+        skip = {"run_id", "batch_sizes", "loads_per_worker", "rows_per_engine", "slots", "partitions", "rows_guarded"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -88,6 +89,7 @@ def new_metrics(spark: SparkSession) -> Metrics:
         rows=sc.accumulator(0),
         gpu_bindings=sc.accumulator({}, CounterParam()),
         engine_rows=sc.accumulator({}, CounterParam()),
+        guarded=sc.accumulator(0),
     )
 
 
@@ -246,6 +248,7 @@ def _run(
             jdbc.write_stage(results, cfg)
             summary.seconds_analyse = time.perf_counter() - t0
             summary.rows_per_engine = dict(metrics.engine_rows.value)
+            summary.rows_guarded = int(metrics.guarded.value)
             summary.loads_per_worker = dict(metrics.engine_loads.value)
             summary.batch_sizes = dict(metrics.batch_sizes.value)
             summary.engine_loads = sum(summary.loads_per_worker.values())

@@ -21,6 +21,7 @@ qwenspark run {s.run_id}: {s.status}
   reviews selected     {s.rows_selected}
   already current      {s.rows_skipped}  (same text, model and prompt: skipped)
   analysed             {s.rows_analysed}  ({s.rows_ok} ok, {s.rows_error} with an error, {s.rows_truncated} truncated)
+  guarded              {s.rows_guarded}  (instructions to the model cut from the review first: prompt.guard)
   result rows changed  {s.rows_changed}
   stale, not written   {s.rows_stale}  (a run that read newer input had stored them)
   results purged       {s.rows_purged}  (reviews deleted from {cfg.source.table}; job.purge_deleted)
