@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from qwenspark.analyze import AnalyzeSpec, PreparedBatch  # noqa: E402
 from qwenspark.calibrate import calibrated  # noqa: E402
 from qwenspark.config import load_config  # noqa: E402
-from qwenspark.evaluate import load_labelled  # noqa: E402
+from qwenspark.evaluate import load_labelled, sample  # noqa: E402
 from qwenspark.pipeline import prepare_model  # noqa: E402
 from qwenspark.prompts import get_template  # noqa: E402
 from qwenspark.schemas import CLEAN_SCHEMA  # noqa: E402
@@ -50,10 +50,7 @@ def fit_rows(limit: int, seed: int) -> pd.DataFrame:
     n, s, before = HELD_OUT
     held = set(load_labelled(DEV, n, s, exclude=before)["source_id"])
     everything = load_labelled(DEV, None)
-    pool = everything[~everything["source_id"].isin(held)]
-    path = Path("/tmp") / f"qwenspark_calibrate_pool_{seed}.csv"  # load_labelled samples from a file
-    pool.to_csv(path, index=False)
-    return load_labelled(path, limit, seed)
+    return sample(everything[~everything["source_id"].isin(held)], limit, seed)
 
 
 def label_rows(rows: pd.DataFrame, prompt: str, overrides: Sequence[str]) -> list[dict[str, Any]]:

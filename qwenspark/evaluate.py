@@ -64,12 +64,12 @@ def load_labelled(path: Path, limit: int | None, seed: int = 0,
     missing = [c for c in LABEL_COLUMNS if c not in df.columns]
     if missing:
         raise SourceError(f"eval: {path} lacks columns {missing}")
-    used = {sid for n, s in exclude for sid in _sample(df, n, s)["source_id"]}
+    used = {sid for n, s in exclude for sid in sample(df, n, s)["source_id"]}
     df = df[~df["source_id"].isin(used)]
-    return _sample(df, limit, seed)
+    return sample(df, limit, seed)
 
 
-def _sample(df: pd.DataFrame, limit: int | None, seed: int) -> pd.DataFrame:
+def sample(df: pd.DataFrame, limit: int | None, seed: int) -> pd.DataFrame:
     """A seeded sample of limit rows split evenly across languages (all rows without limit)."""
     if limit is not None and limit < len(df):
         langs = sorted(df["lang"].unique())

@@ -397,18 +397,20 @@ def _cut_sentence(sentence: str, cuts: _Cuts) -> str:
     """
     if not sentence.strip():
         return sentence
-    if len(sentence) > 12 and directive_span(sentence) is None and is_directive(sentence[::-1]):
+    span = directive_span(sentence)
+    if span is None and len(sentence) > 12 and is_directive(sentence[::-1]):
         cuts.n += 1  # written backwards, with a hint to read it so: no guest writes that
         return " "
     out: list[str] = []
     rest = sentence
-    while (span := directive_span(rest)) is not None:
+    while span is not None:
         cuts.n += 1
         out.append(rest[: span[0]] + " ")
         boundary = next(_EMOJI_RUN.finditer(rest, span[1]), None)
         if boundary is None:
             return "".join(out) + ("\n" if sentence.endswith("\n") else "")
         rest = rest[boundary.end() :]
+        span = directive_span(rest)
     return "".join(out) + rest
 
 
