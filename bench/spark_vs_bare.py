@@ -13,9 +13,7 @@ side is reported with every run, so a noisy neighbour on the shared cores shows 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+from bench.alternate import alternate, demo_rows, report  # noqa: E402
 from qwenspark.analyze import AnalyzeSpec, make_analyze_fn  # noqa: E402
 from qwenspark.clean import clean  # noqa: E402
 from qwenspark.config import load_config  # noqa: E402
@@ -48,12 +47,7 @@ def main() -> int:
          # Both engines on the same cores with the same threads (each side would otherwise claim its own).
          f"engine.env.VLLM_CPU_OMP_THREADS_BIND=0-{cores - 1}", f"engine.env.OMP_NUM_THREADS={cores}"],
     )
-    import pandas as pd
-
-    demo = pd.read_csv(ROOT / "data" / "demo" / "hotel_reviews_demo.csv", dtype=str, keep_default_na=False)
-    demo = demo[(demo["text"].str.strip() != "") & (demo["text"].str.len() < 1500)].head(args.rows)
-    triples = zip(demo.hotel_id, demo.lang, demo.text, strict=True)
-    rows = [(i, h, None, lang, None, t) for i, (h, lang, t) in enumerate(triples)]
+    rows = demo_rows(ROOT, args.rows)
 
     spark = spark_session(cfg)
     df = clean(spark.createDataFrame(rows, INPUT_SCHEMA), cfg).cache()
@@ -62,6 +56,8 @@ def main() -> int:
     spec = AnalyzeSpec(engine=cfg.engine, prompt_version=cfg.prompt.version,
                        max_review_tokens=cfg.clean.max_review_tokens, cores=plan.cores_per_slot)
     bare_fn = make_analyze_fn(spec)
+
+    import pandas as pd
 
     def run_bare() -> tuple[float, int]:
         t0 = time.perf_counter()
@@ -74,30 +70,12 @@ def main() -> int:
         assert len(out) == len(rows)
         return time.perf_counter() - t0, sum(r.tokens_out for r in out)
 
-    # Warm-up: both engines load (the Spark one in its Python worker) and see every prompt prefix once.
-    run_bare()
-    run_spark()
-    times: dict[str, list[float]] = {"bare": [], "spark": []}
-    tokens: dict[str, int] = {}
-    for i in range(args.repeats):
-        order = [("bare", run_bare), ("spark", run_spark)]
-        for name, fn in order if i % 2 == 0 else reversed(order):
-            seconds, tokens[name] = fn()
-            times[name].append(round(seconds, 2))
-            print(f"run {i + 1} {name}: {seconds:.1f} s", flush=True)
+    # Warm-up inside: both engines load (the Spark one in its Python worker) and see every prompt prefix once.
+    measured = alternate(("bare", run_bare), ("spark", run_spark), args.repeats)
     spark.stop()
-    bare_s, spark_s = statistics.median(times["bare"]), statistics.median(times["spark"])
-    figures = {
-        "rows": len(rows), "model": Path(args.model).name, "batch_size": args.batch_size, "cores": cores,
-        "repeats": args.repeats, "bare_s": times["bare"], "spark_s": times["spark"],
-        "bare_tokens": tokens["bare"], "spark_tokens": tokens["spark"],
-        "spark_vs_bare": round(bare_s / spark_s, 3),
-    }
-    print(f"Spark pipeline vs bare engine, {len(rows)} rows, median of {args.repeats}: "
-          f"{figures['spark_vs_bare']} (bare {bare_s:.1f} s, Spark {spark_s:.1f} s; target >= 0.97)")
-    print(json.dumps(figures))
-    if args.json_out:
-        args.json_out.write_text(json.dumps(figures, indent=1) + "\n")
+    report("bare", "spark", measured, args.json_out,
+           rows=len(rows), model=Path(args.model).name, batch_size=args.batch_size,
+           cores=cores, repeats=args.repeats)
     return 0
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import re
+import unicodedata
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -108,3 +112,40 @@ def skip_done(cleaned: DataFrame, done: DataFrame, cfg: QwenSparkConfig) -> Data
         & cleaned["created_at"].eqNullSafe(stored["done_created"])
     )
     return cleaned.join(stored, same, "left_anti")
+
+
+# The same rules in Python, for text the API's column function gets from any query (qwenspark.api): Unicode's
+# White_Space property and the blanks above, the Cc/Cf categories, content as letters, digits or symbols (So).
+_WHITE_SPACE = frozenset(
+    "\t\n\v\f\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000" + "".join(map(chr, range(0x2000, 0x200B)))
+)
+_BLANKS = _WHITE_SPACE | frozenset("\u115f\u1160\u3164\uffa0\u2800")
+_EDGE_CHARS = "".join(_BLANKS | {"\u200c", "\u200d"})
+_KEPT_FORMAT = frozenset("\t\n\u200c\u200d")
+
+
+def clean_text(text: object, max_chars: int) -> tuple[str, str | None]:
+    """What clean() makes of one text, in Python: the visible text capped at max_chars, and its clean_error."""
+    if text is None or (isinstance(text, float) and math.isnan(text)):  # NULL (pandas may hand it as NaN)
+        return "", "empty: text is NULL"
+    raw = text if isinstance(text, str) else str(text)
+    lines = raw.replace("\r\n", "\n").replace("\r", "\n")
+    visible = "".join(c for c in lines if c in _KEPT_FORMAT or unicodedata.category(c) not in ("Cc", "Cf"))
+    visible = visible.strip(_EDGE_CHARS)
+    if not visible:
+        return "", "empty: text is blank"
+    if not any(c not in _BLANKS and (unicodedata.category(c)[0] in "LN" or unicodedata.category(c) == "So")
+               for c in visible):
+        return visible[:max_chars], "empty: no letters, digits or symbols"
+    return visible[:max_chars], None
+
+
+def clean_lang(lang: object) -> str | None:
+    """What normal_lang() makes of one language tag, in Python."""
+    if not isinstance(lang, str):
+        return None
+    tag = clean_text(lang, max(1, len(lang)))[0].lower()
+    if len(tag) <= LANG_MAX_CHARS:
+        return tag or None
+    primary = re.split("[-_]", tag, maxsplit=1)[0]
+    return primary if 1 <= len(primary) <= LANG_MAX_CHARS else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from datetime import UTC, date, datetime, time
 from pathlib import Path
 from types import UnionType
@@ -651,7 +652,8 @@ class QwenSparkConfig(_Section):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set tree's value at a dotted key (`engine.batch_size`), making the sections on the way."""
     keys = dotted.split(".")
     node = tree
     for key in keys[:-1]:
@@ -692,9 +694,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config {path}: top level must be a mapping")
         tree = loaded
     for item in overrides or []:
-        _set_path(tree, *parse_override(item))
+        set_path(tree, *parse_override(item))
+    return validate_config(tree, f" {path}" if path else "")
+
+
+def validate_config(tree: Mapping[str, Any], where: str = "") -> QwenSparkConfig:
+    """A config from its sections as a mapping; errors name the offending key (where: " <file>", or "")."""
     try:
         return QwenSparkConfig.model_validate(tree)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {_message(err['msg'])}" for err in exc.errors())
-        raise ConfigError(f"invalid config{f' {path}' if path else ''}: {problems}") from None
+        raise ConfigError(f"invalid config{where}: {problems}") from None

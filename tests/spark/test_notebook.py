@@ -38,3 +38,5 @@ def test_walkthrough_notebook_runs(
     assert query(tiny_cfg, "SELECT COUNT(*) FROM review_sentiment")[0][0] == 12
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "succeeded" in outputs
+    # Section 3: the API on a DataFrame of the notebook's own; its NULL comment kept, as an error.
+    assert "booking_ref" in outputs and "r-3" in outputs and "empty: text is NULL" in outputs

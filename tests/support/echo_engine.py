@@ -5,7 +5,8 @@ by the test double, not by the code under test, so tests can check which engine 
 
 engine_kwargs: seconds_per_token (decode time of one token for the whole batch, as on a GPU, where a batch
 takes as long as its longest answer), min_tokens / max_tokens (answer lengths, varied per review),
-record_dir (one JSON-lines file per process: load, call, close events; also $QWENSPARK_ECHO_RECORDS).
+record_dir (one JSON-lines file per process: load, call, close events; also $QWENSPARK_ECHO_RECORDS),
+garble (a word: a review holding it gets an answer that is not JSON, as a broken model's would be).
 Inside a Spark task, load and call records also hold the task: stage, partition, attempt (its attempt number) and
 task (Spark's task attempt id); outside one they are null. A call record also counts the reviews of the call without
 content (no_content: no letter, digit or symbol, tests/support/hostile.py:has_content; the job should have flagged
@@ -91,6 +92,7 @@ class EchoEngine:
         folder = kw.get("record_dir") or os.environ.get("QWENSPARK_ECHO_RECORDS")
         self.records = Path(folder) / f"echo-{os.getpid()}.jsonl" if folder else None
         self.devices = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        self.garble = str(kw["garble"]) if kw.get("garble") else None
         self._record(event="load", threads=os.environ.get("OMP_NUM_THREADS"),
                      bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), **task_fields())
 
@@ -125,7 +127,9 @@ class EchoEngine:
             n = answer_length(text, self.min_tokens, self.max_tokens)
             lengths.append(n)
             texts.append(text)
-            out.append(Completion(json.dumps(answer, ensure_ascii=False), "stop", len(prompt), n))
+            garbled = self.garble is not None and self.garble in text
+            body = "I cannot answer that." if garbled else json.dumps(answer, ensure_ascii=False)
+            out.append(Completion(body, "stop", len(prompt), n))
         if self.seconds_per_token and lengths:
             time.sleep(self.seconds_per_token * max(lengths))
         self._record(event="call", start=started, end=time.time(), rows=len(out),
