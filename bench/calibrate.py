@@ -1,13 +1,14 @@
 """Fit a prompt version's label calibration (qwenspark.calibrate) on dev rows that no report is made on.
 
-    .venv/bin/python bench/calibrate.py [--prompt v4] [--model qwen2.5-coder-0.5b] [--limit 400] [--seed 5]
+    .venv/bin/python bench/calibrate.py [--prompt v4] [--model qwen2.5-coder-0.5b] [--limit 400] [--seed 5] [--refit]
 
 Labels a seeded sample of the labelled dev reviews (../shared/data/hotel_reviews, half zh, half en) with the
 executor-side function (`PreparedBatch`, the engine conf/local.yaml builds, label log-probabilities on), leaving out
 the held-out report sample (600 rows, seed 11, drawn after the 120-row choosing sample of seed 3: the rows of
 bench/results/eval/*_n600_s11.json). Then, per language, searches a bias for negative, neutral and mixed (positive
 is the reference, 0) on a 0.25 grid that maximises the language's score under its gold scheme (qwenspark/scoring.py:
-zh binary accuracy; en the mean of 3-class accuracy and macro-F1), ties to the smallest bias. Prints the bias, the
+zh binary accuracy, its neutral bias left 0 and mixed bounded at MIXED_FLOOR; en the mean of 3-class accuracy and
+macro-F1), ties to the smallest bias. Prints the bias, the
 score before and after, and writes bench/results/calibration_<prompt>_<model>.json (the rows' log-probabilities too),
 whose "label_bias" a prompt version freezes (prompts.py). The report on held-out rows is `qwenspark eval` of that
 version (bench/eval_grid.py --limit 600 --seed 11 --exclude-sample 120:3).
@@ -41,8 +42,9 @@ from qwenspark.scoring import accuracy, macro_f1, per_class, scheme, scored  # n
 DEV = ROOT.parent / "shared" / "data" / "hotel_reviews" / "reviews_dev.csv"
 HELD_OUT = (600, 11, [(120, 3)])  # the report sample, and the sample excluded before drawing it
 GRID = [x / 2 for x in range(-12, 13)]  # -6 .. 6 in steps of 0.5, for the 3 biases of star gold
-FINE = [x / 10 for x in range(-60, 61)]  # -6 .. 6 in steps of 0.1, for the one bias of binary gold
+FINE = [x / 10 for x in range(-60, 61)]  # -6 .. 6 in steps of 0.1, for the biases of binary gold
 OTHERS = ("negative", "neutral", "mixed")
+MIXED_FLOOR = -1.5  # the lowest bias on mixed under binary gold (fit)
 
 
 def fit_rows(limit: int, seed: int) -> pd.DataFrame:
@@ -97,14 +99,18 @@ def objective(gold: Sequence[str], answers: Sequence[str | None]) -> float:
 def fit(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], float, float]:
     """The bias of one language's rows with the best objective; the objective before and after.
 
-    Binary gold (zh) says nothing about neutral or mixed (every answer of those is wrong there), so only the
-    negative bias is fitted and the other two stay 0: fitting them would teach the model never to say them.
+    Binary gold (zh) says nothing about neutral (every such answer is wrong there, so it stays 0). Its positives
+    are overall verdicts, which by the label definitions are not `mixed` even when they complain, so mixed gets a
+    bias too, bounded at MIXED_FLOOR: a review the model calls mixed by a wider margin stays mixed (an unbounded
+    fit would teach the model never to say it).
     """
     gold = [r["gold"] for r in rows]
     before = objective(gold, [r["answer"] for r in rows])
     best: tuple[float, float, dict[str, float]] = (before, 0.0, {})
-    free = OTHERS if len(scheme(gold)) == 3 else ("negative",)
-    for values in itertools.product(GRID if len(free) > 1 else FINE, repeat=len(free)):
+    binary = len(scheme(gold)) == 2
+    free = ("negative", "mixed") if binary else OTHERS
+    grids = [FINE, [x for x in FINE if MIXED_FLOOR <= x <= 0]] if binary else [GRID] * len(OTHERS)
+    for values in itertools.product(*grids):
         bias = dict(zip(free, values, strict=True))
         answers = [calibrated(r["answer"], r["logprobs"], bias) if r["answer"] else None for r in rows]
         score = objective(gold, answers)
@@ -120,12 +126,18 @@ def main() -> int:
     p.add_argument("--model", default="qwen2.5-coder-0.5b", help="engine.default_model")
     p.add_argument("--limit", type=int, default=400)
     p.add_argument("--seed", type=int, default=5)
+    p.add_argument("--refit", action="store_true", help="fit again on the rows of the last run's JSON")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override KEY=VALUE")
     args = p.parse_args()
-    rows = fit_rows(args.limit, args.seed)
-    t0 = time.perf_counter()
-    labelled = label_rows(rows, args.prompt, [f"engine.default_model={args.model}", *args.overrides])
-    seconds = time.perf_counter() - t0
+    out = ROOT / "bench" / "results" / f"calibration_{args.prompt}_{args.model}.json"
+    if args.refit:  # the rows an earlier run labelled, fitted again (a change of the fit, not of the model)
+        earlier = json.loads(out.read_text(encoding="utf-8"))
+        labelled, seconds = earlier["rows_detail"], earlier["seconds"]
+    else:
+        rows = fit_rows(args.limit, args.seed)
+        t0 = time.perf_counter()
+        labelled = label_rows(rows, args.prompt, [f"engine.default_model={args.model}", *args.overrides])
+        seconds = time.perf_counter() - t0
     reported = sum(r["logprobs"] is not None for r in labelled)
     result: dict[str, Any] = {"prompt": args.prompt, "model": args.model, "rows": len(labelled),
                               "with_logprobs": reported, "seconds": round(seconds, 1), "label_bias": {}, "score": {}}
@@ -140,7 +152,6 @@ def main() -> int:
         print(f"{lang}: bias {bias}  score {before:.3f} -> {after:.3f} on {len(mine)} rows ({moved} labels moved; "
               f"scored as {scored('mixed', classes)} for mixed)")
     result["rows_detail"] = labelled
-    out = ROOT / "bench" / "results" / f"calibration_{args.prompt}_{args.model}.json"
     out.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "rows_detail"}))
     return 0

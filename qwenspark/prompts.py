@@ -203,6 +203,16 @@ V5_LABEL_BIAS: dict[str, dict[str, float]] = {
     "en": {"negative": -0.5, "neutral": 1.0, "mixed": 1.0},
 }
 
+# v6 (issue 12) = v4 calibrated for the larger option, qwen2.5-coder-1.5b, on the same 400 dev rows (seed 5; not
+# among the held-out report rows; bench/results/calibration_v4_qwen2.5-coder-1.5b.json). The 1.5B calls Chinese
+# positives that also complain `mixed` (23 of 143 there): under binary gold the fit now also lowers mixed, bounded
+# at -1.5 so a clearly mixed review stays mixed (v5's fit, before that rule, had the negative bias only). On those
+# rows: zh accuracy 0.780 -> 0.830, en mean of accuracy and macro-F1 0.822 -> 0.838.
+V6_LABEL_BIAS: dict[str, dict[str, float]] = {
+    "zh": {"negative": -0.4, "mixed": -1.3},
+    "en": {"negative": -0.5, "mixed": -0.5},
+}
+
 TEMPLATES: dict[str, PromptTemplate] = {
     # Frozen: results stored with prompt_version v1 were made by exactly these words.
     "v1": PromptTemplate(version="v1", system=_V1_SYSTEM, examples=_V1_EXAMPLES, user_prefix=_V1_PREFIX),
@@ -224,6 +234,10 @@ TEMPLATES: dict[str, PromptTemplate] = {
     "v5": PromptTemplate(
         version="v5", system=_V4_SYSTEM, examples=_V4_EXAMPLES, user_prefix=_V1_PREFIX,
         summary_max_chars=V4_SUMMARY_MAX_CHARS, label_bias=V5_LABEL_BIAS,
+    ),
+    "v6": PromptTemplate(
+        version="v6", system=_V4_SYSTEM, examples=_V4_EXAMPLES, user_prefix=_V1_PREFIX,
+        summary_max_chars=V4_SUMMARY_MAX_CHARS, label_bias=V6_LABEL_BIAS,
     ),
 }
 

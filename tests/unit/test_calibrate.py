@@ -85,3 +85,16 @@ def test_a_calibrated_prompt_version_stores_the_calibrated_label_per_language(mo
     plain = analyze_chunk(engine, chunk, AnalyzeSpec(engine=EngineConfig(model="s"), prompt_version="v1",
                                                      max_review_tokens=100))
     assert plain["sentiment"].tolist() == ["negative", "negative"]
+
+
+def test_the_fit_lowers_mixed_under_binary_gold_but_never_past_its_floor() -> None:
+    from bench.calibrate import MIXED_FLOOR, fit
+
+    close = {"positive": -0.9, "mixed": -0.5, "negative": -4.0}  # a positive the model called mixed by 0.4
+    clear = {"positive": -3.5, "mixed": -0.1, "negative": -4.0}  # mixed by 3.4: beyond any allowed bias
+    rows = [{"gold": "positive", "answer": "mixed", "logprobs": close}] * 6
+    rows += [{"gold": "positive", "answer": "mixed", "logprobs": clear}] * 3
+    rows += [{"gold": "negative", "answer": "negative", "logprobs": {"negative": -0.1, "positive": -3.0}}] * 4
+    bias, before, after = fit(rows)
+    assert MIXED_FLOOR <= bias["mixed"] < 0 and "neutral" not in bias
+    assert (before, after) == (4 / 13, 10 / 13), "the close ones move to positive, the clear ones stay mixed"
