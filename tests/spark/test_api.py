@@ -173,6 +173,13 @@ def test_a_review_the_model_cannot_answer_fills_the_error_or_fails_the_query(
     assert all(got[i].error is None and got[i].sentiment == "positive" for i in got if i != 5)
 
 
+def test_an_engine_outage_fails_the_query_whatever_the_switch(spark: SparkSession, tmp_path: Path) -> None:
+    df = spark.createDataFrame([(i, "fine room") for i in range(5)], "id long, text string")
+    with pytest.raises(PythonException, match="EngineError: echo engine: down"):
+        analyze_reviews(df, config=echo(tmp_path, down=True), fail_on_error=False).collect()
+    assert read_records(tmp_path, "down"), "the engine was reached and failed: not rows filled with errors"
+
+
 def test_the_python_clean_agrees_with_the_job_s(spark: SparkSession) -> None:
     """The column function cleans in Python what the job cleans in Spark (clean.clean): the same text and errors."""
     from qwenspark.clean import clean, clean_text

@@ -6,7 +6,8 @@ by the test double, not by the code under test, so tests can check which engine 
 engine_kwargs: seconds_per_token (decode time of one token for the whole batch, as on a GPU, where a batch
 takes as long as its longest answer), min_tokens / max_tokens (answer lengths, varied per review),
 record_dir (one JSON-lines file per process: load, call, close events; also $QWENSPARK_ECHO_RECORDS),
-garble (a word: a review holding it gets an answer that is not JSON, as a broken model's would be).
+garble (a word: a review holding it gets an answer that is not JSON, as a broken model's would be), down (true:
+every call raises EngineError, as an engine whose server or device is gone).
 Inside a Spark task, load and call records also hold the task: stage, partition, attempt (its attempt number) and
 task (Spark's task attempt id); outside one they are null. A call record also counts the reviews of the call without
 content (no_content: no letter, digit or symbol, tests/support/hostile.py:has_content; the job should have flagged
@@ -27,6 +28,7 @@ from typing import Any
 
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message
+from qwenspark.errors import EngineError
 from tests.support.hostile import has_content
 
 NEGATIVE = ("dirty", "rude", "broken", "cold", "noisy", "filthy", "差", "吵", "脏", "不好")
@@ -93,6 +95,7 @@ class EchoEngine:
         self.records = Path(folder) / f"echo-{os.getpid()}.jsonl" if folder else None
         self.devices = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         self.garble = str(kw["garble"]) if kw.get("garble") else None
+        self.down = bool(kw.get("down"))
         self._record(event="load", threads=os.environ.get("OMP_NUM_THREADS"),
                      bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), **task_fields())
 
@@ -110,6 +113,9 @@ class EchoEngine:
         return "".join(chr(i) for i in ids)
 
     def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+        if self.down:
+            self._record(event="down", rows=len(conversations), **task_fields())
+            raise EngineError("echo engine: down (engine_kwargs.down)")
         started = time.time()
         out, lengths, texts = [], [], []
         unframed = 0
