@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 
 Side = Callable[[], tuple[float, int]]  # one timed run: (seconds, generated tokens)
 Measured = tuple[dict[str, list[float]], dict[str, int], dict[str, float]]  # runs' seconds, tokens, medians
+
+
+def arguments(doc: str, root: Path) -> argparse.ArgumentParser:
+    """The options both comparisons take: rows, repeats, model folder, batch size, a JSON copy of the figures."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--model", default=str(root / ".cache" / "models" / "qwen2.5-coder-0.5b-instruct"))
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--json-out", type=Path, help="also write the figures here")
+    return p
 
 
 def demo_rows(root: Path, n: int) -> list[tuple[object, ...]]:

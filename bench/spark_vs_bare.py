@@ -12,7 +12,6 @@ side is reported with every run, so a noisy neighbour on the shared cores shows 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -22,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-from bench.alternate import alternate, demo_rows, report  # noqa: E402
+from bench.alternate import alternate, arguments, demo_rows, report  # noqa: E402
 from qwenspark.analyze import AnalyzeSpec, make_analyze_fn  # noqa: E402
 from qwenspark.clean import clean  # noqa: E402
 from qwenspark.config import load_config  # noqa: E402
@@ -33,13 +32,7 @@ from qwenspark.slots import plan_slots  # noqa: E402
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--rows", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--model", default=str(ROOT / ".cache" / "models" / "qwen2.5-coder-0.5b-instruct"))
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--json-out", type=Path, help="also write the figures here")
-    args = p.parse_args()
+    args = arguments(__doc__ or "", ROOT).parse_args()
     cores = len(os.sched_getaffinity(0))
     cfg = load_config(
         ROOT / "conf" / "local.yaml",
