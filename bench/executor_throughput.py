@@ -46,7 +46,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from qwenspark.analyze import AnalyzeSpec, make_analyze_fn  # noqa: E402
+from qwenspark.analyze import AnalyzeSpec, make_analyze_fn, templated  # noqa: E402
 from qwenspark.config import EngineConfig  # noqa: E402
 from qwenspark.engines import cache  # noqa: E402
 from qwenspark.prompts import detect_lang, get_template  # noqa: E402
@@ -109,8 +109,12 @@ def review_frames(n: int, frame_rows: int, tag: str = "") -> list[pd.DataFrame]:
     return [frame.iloc[i : i + frame_rows].reset_index(drop=True) for i in range(0, n, frame_rows)]
 
 
+# --prompt-version: the template, and the guided answer's settings, of every path (set once in main).
+RUN: dict[str, str] = {"prompt_version": "v1"}
+
+
 def run_executor(cfg: EngineConfig, frames: list[pd.DataFrame]) -> tuple[float, pd.DataFrame]:
-    spec = AnalyzeSpec(engine=cfg, prompt_version="v1", max_review_tokens=768)
+    spec = AnalyzeSpec(engine=cfg, prompt_version=RUN["prompt_version"], max_review_tokens=768)
     t0 = time.perf_counter()
     out = pd.concat(list(make_analyze_fn(spec)(iter(frames))), ignore_index=True)
     return time.perf_counter() - t0, out
@@ -180,22 +184,24 @@ class LengthPlan:
 
         llm.generate, llm.llm_engine.add_request = planned_generate, planned_add_request
 
-    def set(self, lengths: list[int] | None, guided: bool) -> None:
-        """Activate per-request lengths (None: the engine's own params, untouched)."""
+    def set(self, lengths: list[int] | None, guided: bool, langs: list[str] | None = None) -> None:
+        """Activate per-request lengths (None: the engine's own params, untouched); guided requests keep the
+        grammar of their review's language (langs, by review index)."""
         if lengths is None:
             self.table = None
             return
         from vllm import SamplingParams
 
-        by_length: dict[int, Any] = {}
-        for n in set(lengths):
+        by_key: dict[tuple[int, str | None], Any] = {}
+        keys = [(n, langs[i] if langs and guided else None) for i, n in enumerate(lengths)]
+        for n, lang in set(keys):
             if guided:
-                params = copy.deepcopy(self.engine._params)
+                params = copy.deepcopy(self.engine.params(lang))
                 params.max_tokens = n
             else:
                 params = SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
-            by_length[n] = params
-        self.table = [by_length[n] for n in lengths]
+            by_key[n, lang] = params
+        self.table = [by_key[key] for key in keys]
 
     def params(self, prompt: str, default: Any) -> Any:
         found = self.TAG.findall(prompt)
@@ -206,8 +212,13 @@ class LengthPlan:
         return self.table[int(found[-1])]
 
 
+def langs_of(frames: list[pd.DataFrame]) -> list[str]:
+    """Each review's language, by review index (the executor detects it the same way)."""
+    return [detect_lang(t, lang) for f in frames for t, lang in zip(f["text"], f["lang"], strict=True)]
+
+
 def conversations_of(frames: list[pd.DataFrame]) -> list[Any]:
-    template = get_template("v1")
+    template = get_template(RUN["prompt_version"])
     return [
         template.messages(t, detect_lang(t, lang)) for f in frames for t, lang in zip(f["text"], f["lang"], strict=True)
     ]
@@ -235,6 +246,7 @@ def main() -> int:
     p.add_argument("--guided-cost", action="store_true",
                    help="after the first guided condition's bare run: unguided at its exact output lengths")
     p.add_argument("--backend", choices=BACKENDS, help="structured-output backend (default: the engine's)")
+    p.add_argument("--prompt-version", default="v1", help="prompt template of every path (its grammar too)")
     p.add_argument("--hf-prompts", type=int, default=0, help="also run the transformers engine on this many")
     args = p.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -256,15 +268,17 @@ def main() -> int:
         engine_kwargs["structured_outputs_config"] = {"backend": args.backend, "disable_any_whitespace": True}
     on_cpu = not _cuda()
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"} if on_cpu else {}
-    cfg = EngineConfig(
+    RUN["prompt_version"] = args.prompt_version
+    cfg = templated(EngineConfig(
         kind="vllm", model=model, batch_size=args.batch_size, max_tokens=args.max_tokens, max_model_len=2048,
         enforce_eager=args.enforce_eager or on_cpu, gpu_memory_utilization=args.gpu_memory_utilization,
         env=env, engine_kwargs=engine_kwargs,
-    )
+    ), RUN["prompt_version"])
     # Resolve the config the way a task does, so the bench and the executor path share one cached engine.
     # The cache keys an engine by config and the task's GPUs: load it with the same devices the executor path pins.
     cfg, devices = pin_task_gpus(cfg)
-    figures: dict[str, Any] = {"model": args.shape or model, "prompts": args.prompts, "frame_rows": args.frame_rows,
+    figures: dict[str, Any] = {"model": args.shape or model, "prompt_version": RUN["prompt_version"],
+                               "prompts": args.prompts, "frame_rows": args.frame_rows,
                                "max_tokens": args.max_tokens, "device": _device_name(),
                                "tensor_parallel_size": cfg.tensor_parallel_size,
                                "skewed": {"short": SKEWED_SHORT, "long": SKEWED_LONG, "long_share": SKEWED_LONG_SHARE},
@@ -286,11 +300,12 @@ def main() -> int:
     def fresh_frames() -> list[pd.DataFrame]:  # a new copy of the prompts for every timed run
         return review_frames(args.prompts, args.frame_rows, f"r{next(runs)}")
 
+    langs = langs_of(fresh_frames())
     warmed: set[str] = set()
     bare_done: dict[tuple[str, str], dict[str, Any]] = {}
     for k, cond in enumerate(conditions):
         lengths = draw_lengths(cond.lengths, args.prompts, args.max_tokens)
-        plan.set(lengths, guided=cond.mode == "guided")
+        plan.set(lengths, guided=cond.mode == "guided", langs=langs)
         if cond.mode not in warmed:  # CUDA graphs, grammar compile
             engine.generate(conversations_of(fresh_frames())[:16])
             warmed.add(cond.mode)
@@ -305,8 +320,9 @@ def main() -> int:
             bare_s = time.perf_counter() - t0
             bare_done[key] = {"bare_s": round(bare_s, 2), "bare_tokens": sum(c.tokens_out for c in bare)}
             if args.guided_cost and cond.mode == "guided" and "guided_cost" not in figures:
-                figures["guided_cost"] = guided_cost(engine, plan, fresh_frames, lengths, cond.lengths)
-                plan.set(lengths, guided=True)
+                figures["guided_cost"] = guided_cost(engine, plan, fresh_frames, lengths, cond.lengths,
+                                                      langs=langs)
+                plan.set(lengths, guided=True, langs=langs)
         row.update(bare_done[key])
         run_cfg = cfg.model_copy(update={"batch_size": cond.batch_size, "max_in_flight": cond.max_in_flight})
         order = ("continuous", "naive") if k % 2 == 0 else ("naive", "continuous")  # alternate: no order bias
@@ -411,11 +427,11 @@ def transformers_record(shape: str, model: Path, conversations: list[Any], cfg: 
 
 
 def guided_cost(
-    engine: Any, plan: LengthPlan, fresh_frames: Any, lengths: list[int], dist: str
+    engine: Any, plan: LengthPlan, fresh_frames: Any, lengths: list[int], dist: str, *, langs: list[str]
 ) -> dict[str, Any]:
     """A guided bare run, then an unguided one forced to its exact output lengths (fresh copies of the same
     prompts each): the difference in time is the grammar's cost."""
-    plan.set(lengths, guided=True)
+    plan.set(lengths, guided=True, langs=langs)
     t0 = time.perf_counter()
     guided = engine.generate(conversations_of(fresh_frames()))
     guided_s = time.perf_counter() - t0

@@ -126,18 +126,23 @@ def make_analyze_fn(
     return analyze_partition
 
 
+def templated(cfg: EngineConfig, prompt_version: str) -> EngineConfig:
+    """cfg with the guided answer's settings of that prompt version (its few-shot answers follow them)."""
+    template = get_template(prompt_version)
+    return cfg.model_copy(update={
+        "answer_order": template.answer_order,
+        "summary_max_chars": template.summary_max_chars,
+        "summary_script": template.summary_script,
+        "aspect_map": template.aspect_map,
+        "label_logprobs": cfg.label_logprobs or template.label_bias is not None,
+    })
+
+
 def _engine_for_task(
     spec: AnalyzeSpec, metrics: Metrics | None, engine_factory: EngineFactory | None
 ) -> tuple[Engine, str]:
     """The worker's cached engine for this task's GPUs (loaded if needed); returns it and "pid:gpus"."""
-    # The guided answer's field order and summary bound are the prompt template's (its few-shot answers follow them).
-    template = get_template(spec.prompt_version)
-    ordered = spec.engine.model_copy(update={
-        "answer_order": template.answer_order,
-        "summary_max_chars": template.summary_max_chars,
-        "label_logprobs": spec.engine.label_logprobs or template.label_bias is not None,
-    })
-    engine_cfg, devices = pin_task_gpus(ordered)
+    engine_cfg, devices = pin_task_gpus(templated(spec.engine, spec.prompt_version))
     cores: list[int] = []
     if spec.cores:
         engine_cfg, cores = pin_threads(engine_cfg, spec.cores)
@@ -196,7 +201,7 @@ class PreparedBatch:
         if missing:
             raise ValueError(f"analyze stage: input lacks columns {missing}")
         template = get_template(spec.prompt_version)
-        self.label_bias = template.label_bias
+        self.label_bias, self.aspect_map = template.label_bias, template.aspect_map
         n = len(chunk)
         self.chunk, self.model, self.prompt_version = chunk, engine.model_name, spec.prompt_version
         self.sentiment: list[str | None] = [None] * n
@@ -211,6 +216,7 @@ class PreparedBatch:
         self.latency_ms = [0] * n
         self.todo: list[int] = []  # row index of each conversation
         self.conversations: list[list[Message]] = []
+        self.conversation_langs: list[str] = []  # each conversation's review language (the engine's grammar)
         self.guarded: list[int] = []  # row index of each review that had instructions to the model cut
         for i, (raw, lang) in enumerate(zip(chunk["text"], chunk["lang"], strict=True)):
             if self.errors[i] is not None:
@@ -234,6 +240,7 @@ class PreparedBatch:
             given = lang if isinstance(lang, str) else None
             self.langs[i] = detect_lang(cut, given)
             self.conversations.append(template.messages(cut, self.langs[i]))
+            self.conversation_langs.append(self.langs[i])
             self.todo.append(i)
         self.remaining = len(self.todo)
         if self.guarded:
@@ -252,7 +259,7 @@ class PreparedBatch:
             return
         self.tokens_in[i], self.tokens_out[i] = done.tokens_in, done.tokens_out
         self.label_logprobs[i] = done.label_logprobs
-        parsed = parse_completion(done.text, done.finish_reason)
+        parsed = parse_completion(done.text, done.finish_reason, self.aspect_map)
         if parsed.record is None:
             self.errors[i] = parsed.error
         else:
@@ -264,7 +271,7 @@ class PreparedBatch:
     def run_sync(self, engine: Engine) -> pd.DataFrame:
         """One synchronous engine call for the whole batch (engines without a continuous feed)."""
         started = time.perf_counter()
-        completions = generate_isolating(engine, self.conversations)
+        completions = generate_isolating(engine, self.conversations, self.conversation_langs)
         batch_ms = int((time.perf_counter() - started) * 1000)
         for j, done in enumerate(completions):
             self.fill(j, done, batch_ms)
@@ -332,7 +339,7 @@ class ContinuousFeed:
         for j, conversation in enumerate(batch.conversations):
             started = time.perf_counter()
             try:
-                rid = self.engine.submit(conversation)
+                rid = self.engine.submit(conversation, batch.conversation_langs[j])
             except RequestError as exc:  # refused at admission: that row's error, not the task's
                 batch.fill(j, f"engine refused the request: {str(exc)[:500]}", 0)
                 continue
@@ -368,7 +375,9 @@ class ContinuousFeed:
         return out
 
 
-def generate_isolating(engine: Engine, conversations: Sequence[list[Message]]) -> list[Completion | str]:
+def generate_isolating(
+    engine: Engine, conversations: Sequence[list[Message]], langs: Sequence[str] | None = None
+) -> list[Completion | str]:
     """engine.generate on the batch; if the engine refuses a request, retry one by one to find it.
 
     A refusal (RequestError, e.g. a prompt longer than the context) becomes that row's error string. Any other
@@ -378,13 +387,13 @@ def generate_isolating(engine: Engine, conversations: Sequence[list[Message]]) -
     if not conversations:
         return []
     try:
-        return list(engine.generate(conversations))
+        return list(engine.generate(conversations, langs))
     except RequestError as exc:
         log.warning("engine refused a batch of %d (%s); isolating the bad rows", len(conversations), exc)
     results: list[Completion | str] = []
-    for conv in conversations:
+    for j, conv in enumerate(conversations):
         try:
-            results.extend(engine.generate([conv]))
+            results.extend(engine.generate([conv], None if langs is None else [langs[j]]))
         except RequestError as exc:
             results.append(f"engine refused the request: {str(exc)[:500]}")
     return results

@@ -310,6 +310,14 @@ class EngineConfig(_Section):
         None, ge=1, description="The guided grammar's bound on the summary's length. The job sets it from "
         "prompt.version's template (None: the schema's bound); leave it unset.",
     )
+    summary_script: bool = Field(
+        False, description="The guided grammar writes each summary in its review's language's script (zh, en). The "
+        "job sets it from prompt.version's template; leave it unset.",
+    )
+    aspect_map: bool = Field(
+        False, description="The guided answer's aspects as one object, aspect -> sentiment (fewer tokens). The job "
+        "sets it from prompt.version's template; leave it unset.",
+    )
     label_logprobs: bool = Field(
         False,
         description="Ask the engine for the log-probabilities of the sentiment label's first token (set from the "

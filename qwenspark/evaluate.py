@@ -37,6 +37,9 @@ class EvalReport:
     summary_in_language_rate: float  # of the rows with a summary in zh or en
     cut_or_looping_rate: float  # answers cut by max_tokens, or with a degenerate repetition in the summary
     mean_tokens_out: float
+    # Output tokens per review at the 0th, 5th, ..., 100th percentile: the length distribution a GPU benchmark
+    # forces on dummy weights (bench/workload_100k.py), so its decode work looks like real answers.
+    tokens_out_percentiles: list[int]
     slowest: list[dict[str, object]]  # the 5 slowest rows: source_id, lang, latency_ms, tokens_out
     schema_valid_rate: float
     error_rate: float
@@ -146,6 +149,7 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
         summary_in_language_rate=sum(in_lang) / len(in_lang) if in_lang else 0.0,
         cut_or_looping_rate=sum(cut) / n,
         mean_tokens_out=float(out["tokens_out"].mean()),
+        tokens_out_percentiles=[round(float(out["tokens_out"].quantile(q / 20))) for q in range(21)],
         slowest=slowest,
         schema_valid_rate=sum(a is not None for a in answers) / n,
         error_rate=sum(e is not None for e in errors) / n,

@@ -67,6 +67,7 @@ def print_eval(r: EvalReport) -> None:
         print(f"    {'gold / answer':14}" + "".join(f"{a:>10}" for a in answers))
         for gold, row in r.confusion_by_lang[lang].items():
             print(f"    {gold:14}" + "".join(f"{row[a]:>10}" for a in answers))
+    spread = "/".join(str(r.tokens_out_percentiles[q]) for q in (2, 10, 18))
     print(f"""
   accuracy            {r.accuracy:.3f}   (mixed scores as neutral against star labels: qwenspark.scoring)
   macro-F1            {r.macro_f1:.3f}
@@ -74,7 +75,7 @@ def print_eval(r: EvalReport) -> None:
   error rate          {r.error_rate:.3f}
   summary in language {r.summary_in_language_rate:.3f}
   cut or looping      {r.cut_or_looping_rate:.4f}
-  tokens out / review {r.mean_tokens_out:.1f}
+  tokens out / review {r.mean_tokens_out:.1f} (p10/p50/p90 {spread})
   rows/s              {r.rows_per_s:.2f}
   gen tokens/s        {r.gen_tokens_per_s:.1f}
   analysis seconds    {r.seconds:.1f} (engine load + warm-up {r.engine_load_seconds:.1f} s before)""")

@@ -68,8 +68,11 @@ class Engine(Protocol):
         """Text of token ids."""
         ...
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
-        """One completion per conversation, same order, with the engine's sampling settings."""
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
+        """One completion per conversation, same order, with the engine's sampling settings. langs: each review's
+        language, for an engine whose grammar depends on it (engine.summary_script); others ignore it."""
         ...
 
     def close(self) -> None:
@@ -81,8 +84,8 @@ class Engine(Protocol):
 class StreamingEngine(Engine, Protocol):
     """An engine that takes requests one at a time and reports them as they finish (continuous batching)."""
 
-    def submit(self, conversation: Sequence[Message]) -> str:
-        """Queue one request; returns its id. Raises RequestError if the engine refuses it."""
+    def submit(self, conversation: Sequence[Message], lang: str | None = None) -> str:
+        """Queue one request (lang: as in generate); returns its id. Raises RequestError if the engine refuses it."""
         ...
 
     def step(self) -> list[tuple[str, Completion]]:

@@ -19,7 +19,7 @@ import httpx
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message
 from qwenspark.errors import ConfigError, EngineError
-from qwenspark.parse import json_schema
+from qwenspark.parse import answer_schemas
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +149,13 @@ class OpenAIEngine:
             "seed": cfg.seed,
             "max_tokens": cfg.max_tokens,
         }
+        # The response format by review language (engine.summary_script), None: any language.
+        self._formats: dict[str | None, dict[str, Any]] = {}
         if cfg.guided:
-            self._body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "review_analysis", "strict": True,
-                                "schema": json_schema(cfg.answer_order, cfg.summary_max_chars)},
+            self._formats = {
+                lang: {"type": "json_schema",
+                       "json_schema": {"name": "review_analysis", "strict": True, "schema": schema}}
+                for lang, schema in answer_schemas(cfg).items()
             }
         self._tokenizer: Any = None
         if cfg.tokenizer:
@@ -178,7 +180,9 @@ class OpenAIEngine:
             return "".join(chr(i) for i in ids)
         return str(self._tokenizer.decode(list(ids)))
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         """One completion per conversation, in order; raises EngineError if the server or the setup failed."""
         if self._closed.is_set():
             raise EngineError("openai engine is closed")
@@ -187,7 +191,8 @@ class OpenAIEngine:
             self._calls.add(call)
         try:
             # map() keeps the input order; the pool's size is the bound on requests in flight.
-            results = list(self._pool.map(partial(self._request, call), range(len(conversations)), conversations))
+            results = list(self._pool.map(partial(self._request, call), range(len(conversations)), conversations,
+                                         langs or [None] * len(conversations)))
         except CancelledError as exc:  # close() dropped the requests still queued
             raise EngineError("openai engine was closed during the call") from exc
         finally:
@@ -200,9 +205,11 @@ class OpenAIEngine:
             raise EngineError("openai engine: requests left unanswered")
         return done
 
-    def _request(self, call: _Call, index: int, conversation: Sequence[Message]) -> Completion | None:
+    def _request(self, call: _Call, index: int, conversation: Sequence[Message], lang: str | None) -> Completion | None:
         """One conversation through the retry loop: its completion (or row error), or None once the call failed."""
         body = {**self._body, "messages": list(conversation)}
+        if self._formats:
+            body["response_format"] = self._formats.get(lang, self._formats[None])
         attempt = 0
         while not call.abort.is_set():
             outcome = self._attempt(body)

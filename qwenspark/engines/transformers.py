@@ -9,7 +9,7 @@ from typing import Any
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, resolve_dtype
 from qwenspark.errors import EngineError
-from qwenspark.parse import json_schema
+from qwenspark.parse import answer_schemas
 
 
 def _device(torch: Any, cfg: EngineConfig) -> str:
@@ -53,13 +53,16 @@ class TransformersEngine:
         gen_eos = self._model.generation_config.eos_token_id
         eos = gen_eos if isinstance(gen_eos, list) else [gen_eos, self._tok.eos_token_id]
         self._eos = {int(e) for e in eos if e is not None}
-        self._grammar: Any = None
+        self._grammars: dict[str | None, Any] = {}  # by review language (engine.summary_script), None: any
         if cfg.guided:
             info = xgrammar.TokenizerInfo.from_huggingface(
                 self._tok, vocab_size=self._model.config.vocab_size, stop_token_ids=sorted(self._eos)
             )
-            schema = json_schema(cfg.answer_order, cfg.summary_max_chars)
-            self._grammar = xgrammar.GrammarCompiler(info).compile_json_schema(schema, any_whitespace=False)
+            compiler = xgrammar.GrammarCompiler(info)
+            self._grammars = {
+                lang: compiler.compile_json_schema(schema, any_whitespace=False)
+                for lang, schema in answer_schemas(cfg).items()
+            }
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
@@ -67,7 +70,9 @@ class TransformersEngine:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         import xgrammar.contrib.hf as xgr_hf
 
         torch = self._torch
@@ -83,9 +88,11 @@ class TransformersEngine:
         if self._cfg.temperature > 0:
             kwargs["temperature"] = self._cfg.temperature
             torch.manual_seed(self._cfg.seed)
-        if self._grammar is not None:
+        if self._grammars:
             # The processor keeps one matcher per row and is single-use: a new one per call.
-            kwargs["logits_processor"] = [xgr_hf.LogitsProcessor([self._grammar] * len(prompts))]
+            grammars = [self._grammars.get(None if langs is None else langs[j], self._grammars[None])
+                        for j in range(len(prompts))]
+            kwargs["logits_processor"] = [xgr_hf.LogitsProcessor(grammars)]
         with torch.inference_mode():
             out = self._model.generate(**enc, **kwargs)
         width = enc["input_ids"].shape[1]

@@ -12,7 +12,7 @@ from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, resolve_dtype
 from qwenspark.errors import EngineError, RequestError
-from qwenspark.parse import json_schema
+from qwenspark.parse import answer_schemas
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +92,17 @@ class VllmEngine:
         self._tokenizer = self._llm.get_tokenizer()
         self._client_errors = _client_errors()
         self._ids = itertools.count()
-        schema = json_schema(cfg.answer_order, cfg.summary_max_chars)
-        self._params = SamplingParams(
-            temperature=cfg.temperature,
-            seed=cfg.seed,
-            max_tokens=cfg.max_tokens,
-            logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
-            structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided else None,
-        )
+        # One set of sampling settings per grammar: by review language when the summary's script is constrained.
+        self._params = {
+            lang: SamplingParams(
+                temperature=cfg.temperature,
+                seed=cfg.seed,
+                max_tokens=cfg.max_tokens,
+                logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
+                structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided else None,
+            )
+            for lang, schema in answer_schemas(cfg).items()
+        }
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
@@ -111,20 +114,27 @@ class VllmEngine:
         """The prompt text of a conversation under the model's chat template."""
         return str(self._tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True))
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def params(self, lang: str | None) -> Any:
+        """The sampling settings for a review in lang (its own grammar where there is one)."""
+        return self._params.get(lang, self._params[None])
+
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         prompts = [self.render(c) for c in conversations]
+        params = [self.params(None if langs is None else langs[j]) for j in range(len(prompts))]
         try:
-            outputs = self._llm.generate(prompts, self._params, use_tqdm=False)
+            outputs = self._llm.generate(prompts, params, use_tqdm=False)
         except self._client_errors as exc:
             raise RequestError(str(exc)) from exc
         return [_completion(out) for out in outputs]
 
-    def submit(self, conversation: Sequence[Message]) -> str:
+    def submit(self, conversation: Sequence[Message], lang: str | None = None) -> str:
         # The engine under vllm.LLM: add requests and step it ourselves, so new requests join the running
         # batch while older ones decode (LLM.generate would wait for its whole batch to finish).
         request_id = str(next(self._ids))
         try:
-            self._llm.llm_engine.add_request(request_id, self.render(conversation), self._params)
+            self._llm.llm_engine.add_request(request_id, self.render(conversation), self.params(lang))
         except self._client_errors as exc:
             raise RequestError(str(exc)) from exc
         return request_id

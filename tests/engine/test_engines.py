@@ -1,4 +1,5 @@
-"""Both engines on the tiny random Qwen3 (real Qwen tokenizer): guided output always parses."""
+"""Both engines on the tiny random Qwen3 (real Qwen tokenizer): guided output always parses, and a prompt version
+with summary_script writes each summary in its review's script."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from qwenspark.config import EngineConfig
 from qwenspark.engines import build_engine
 from qwenspark.parse import parse_completion
 from qwenspark.prompts import get_template
+from qwenspark.scoring import in_language
 from tests.conftest import SAMPLE_REVIEWS
 
 pytestmark = pytest.mark.engine
@@ -17,16 +19,21 @@ pytestmark = pytest.mark.engine
 REVIEWS = [*SAMPLE_REVIEWS, ("", "en")]
 
 
-@pytest.mark.parametrize("kind", ["vllm", "transformers"])
-def test_guided_output_always_parses(kind: str, tiny_model: Path) -> None:
-    cfg = EngineConfig(
+def _cfg(kind: str, tiny_model: Path, **extra: object) -> EngineConfig:
+    return EngineConfig(
         kind=kind,  # type: ignore[arg-type]
         model=str(tiny_model),
         dtype="float32" if kind == "transformers" else "bfloat16",
         max_tokens=384,
         max_model_len=2048,
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"},
+        **extra,  # type: ignore[arg-type]
     )
+
+
+@pytest.mark.parametrize("kind", ["vllm", "transformers"])
+def test_guided_output_always_parses(kind: str, tiny_model: Path) -> None:
+    cfg = _cfg(kind, tiny_model)
     engine = build_engine(cfg)
     try:
         template = get_template("v1")
@@ -41,3 +48,23 @@ def test_guided_output_always_parses(kind: str, tiny_model: Path) -> None:
         assert ids == [108386, 9500] and engine.decode(ids) == "你好 hotel"
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize(("kind", "version"), [("vllm", "v7"), ("transformers", "v7"), ("vllm", "v9")])
+def test_summary_script_writes_each_summary_in_its_reviews_language(kind: str, version: str, tiny_model: Path) -> None:
+    # A random model left to itself writes any characters; the grammar of each request's language must not let it.
+    # v9's aspects come as one object, which parse reads back into the list.
+    template = get_template(version)
+    cfg = _cfg(kind, tiny_model, summary_max_chars=template.summary_max_chars, summary_script=True,
+               aspect_map=template.aspect_map)
+    reviews = [(text, lang) for text, lang in SAMPLE_REVIEWS if lang in ("zh", "en")] * 2
+    assert {lang for _, lang in reviews} == {"zh", "en"}
+    engine = build_engine(cfg)
+    try:
+        completions = engine.generate([template.messages(t, lang) for t, lang in reviews], [g for _, g in reviews])
+    finally:
+        engine.close()
+    for (_, lang), done in zip(reviews, completions, strict=True):
+        parsed = parse_completion(done.text, done.finish_reason, template.aspect_map)
+        assert parsed.record is not None, parsed.error
+        assert in_language(parsed.record.summary, lang), (lang, parsed.record.summary)

@@ -171,6 +171,19 @@ def test_request_body_and_result(stub: Stub) -> None:
     }
 
 
+def test_each_request_gets_its_languages_schema_with_summary_script(stub: Stub) -> None:
+    engine = _engine(stub.url, summary_max_chars=100, summary_script=True)
+    try:
+        engine.generate([CONVERSATION] * 3, ["zh", "en", "fr"])
+    finally:
+        engine.close()
+    # The pool answers in any order: match each request to its schema by the pattern it carries.
+    got = sorted(json.dumps(body["response_format"]["json_schema"]["schema"], sort_keys=True)
+                 for _, body in stub.requests)
+    want = sorted(json.dumps(json_schema("verdict_first", 100, lang), sort_keys=True) for lang in ("zh", "en", None))
+    assert got == want
+
+
 def test_429_twice_then_ok_is_retried_and_honours_retry_after(stub: Stub) -> None:
     stub.script = lambda n, body: (
         (429, {"Retry-After": "0.2"}, _error_body("slow down")) if n <= 2 else (200, {}, OK_BODY)

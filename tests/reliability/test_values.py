@@ -213,7 +213,9 @@ def test_files_stream_rejects_what_does_not_fit_and_never_stops(
 class BuggyEngine(EchoEngine):
     """The echo engine with a bug: generate raises TypeError, as a slip in our own code would."""
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         raise TypeError("'NoneType' object is not subscriptable")
 
 

@@ -19,7 +19,9 @@ class DyingEngine(EchoEngine):
         super().__init__(cfg)
         self.marker = Path(str(cfg.engine_kwargs["die_marker"]))
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         try:
             fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:

@@ -11,8 +11,8 @@ every call raises EngineError, as an engine whose server or device is gone).
 Inside a Spark task, load and call records also hold the task: stage, partition, attempt (its attempt number) and
 task (Spark's task attempt id); outside one they are null. A call record also counts the reviews of the call without
 content (no_content: no letter, digit or symbol, tests/support/hostile.py:has_content; the job should have flagged
-them `empty:` without the model) and the prompts without a <review> block (unframed: the labels then read the whole
-prompt).
+them `empty:` without the model), the prompts without a <review> block (unframed: the labels then read the whole
+prompt) and the review language the caller gave each request (langs, None when it gave none).
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ class EchoEngine:
         self.devices = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         self.garble = str(kw["garble"]) if kw.get("garble") else None
         self.down = bool(kw.get("down"))
+        self.aspect_map = cfg.aspect_map  # answer in the prompt version's form (engine.aspect_map)
         self._record(event="load", threads=os.environ.get("OMP_NUM_THREADS"),
                      bind=os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), **task_fields())
 
@@ -112,7 +113,9 @@ class EchoEngine:
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids)
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         if self.down:
             self._record(event="down", rows=len(conversations), **task_fields())
             raise EngineError("echo engine: down (engine_kwargs.down)")
@@ -130,6 +133,8 @@ class EchoEngine:
                 "summary": text.strip()[:60] or "-",
                 "aspects": [{"aspect": "service", "sentiment": "negative" if negative else "positive"}],
             }
+            if self.aspect_map:
+                answer["aspects"] = {"service": "negative" if negative else "positive"}
             n = answer_length(text, self.min_tokens, self.max_tokens)
             lengths.append(n)
             texts.append(text)
@@ -141,6 +146,7 @@ class EchoEngine:
         self._record(event="call", start=started, end=time.time(), rows=len(out),
                      keys=[hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest()[:12] for t in texts],
                      no_content=sum(not has_content(t) for t in texts), unframed=unframed,
+                     langs=list(langs) if langs is not None else None,
                      **task_fields())
         return out
 

@@ -26,6 +26,7 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.calls: list[int] = []
+        self.langs: list[str | None] = []  # the review language given with each request
 
     def encode(self, text: str) -> list[int]:
         if "BADVALUE" in text:
@@ -35,8 +36,11 @@ class FakeEngine:
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids)
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         self.calls.append(len(conversations))
+        self.langs.extend(langs if langs is not None else [None] * len(conversations))
         reviews = [c[-1]["content"] for c in conversations]
         if any("DIE" in r for r in reviews):
             raise RuntimeError("CUDA error: device lost")
@@ -114,14 +118,16 @@ def test_partition_function_rechunks_and_loads_engine_once() -> None:
     cache.clear()
 
 
-@pytest.mark.parametrize(("version", "order"), [("v1", ("verdict_first", None)), ("v3", ("verdict_last", None)),
-                                                ("v4", ("verdict_first", 100))])
-def test_the_engine_is_built_with_the_templates_answer_order(version: str, order: tuple[str, int | None]) -> None:
+@pytest.mark.parametrize(("version", "order"), [("v1", ("verdict_first", None, False)),
+                                                ("v3", ("verdict_last", None, False)),
+                                                ("v4", ("verdict_first", 100, False)),
+                                                ("v7", ("verdict_first", 100, True))])
+def test_the_engine_is_built_with_the_templates_answer_order(version: str, order: tuple[str, int | None, bool]) -> None:
     cache.clear()
-    orders: list[tuple[str, int | None]] = []
+    orders: list[tuple[str, int | None, bool]] = []
 
     def factory(cfg: EngineConfig) -> FakeEngine:
-        orders.append((cfg.answer_order, cfg.summary_max_chars))
+        orders.append((cfg.answer_order, cfg.summary_max_chars, cfg.summary_script))
         return FakeEngine()
 
     spec = AnalyzeSpec(engine=EngineConfig(model="fake", batch_size=4), prompt_version=version, max_review_tokens=50)
@@ -151,12 +157,13 @@ class BuggyStreamingEngine(FakeEngine):
         super().__init__()
         self.live: list[str] = []
 
-    def submit(self, conversation: Sequence[Message]) -> str:
+    def submit(self, conversation: Sequence[Message], lang: str | None = None) -> str:
         review = conversation[-1]["content"]
         if "BUG" in review:
             raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
         if "REFUSE" in review:
             raise RequestError("too long")
+        self.langs.append(lang)
         self.live.append(f"r{len(self.live)}")
         return self.live[-1]
 
@@ -192,3 +199,23 @@ def test_timestamps_pass_through_as_microseconds() -> None:
     assert out["review_created_at"].tolist() == micros and str(out["review_created_at"].dtype) == "int64"
     assert str(out["analysed_at"].dtype) == "int64" and out["analysed_at"].iloc[0] > 1_700_000_000_000_000
     assert [f.name for f in EXECUTOR_OUT_SCHEMA.fields] == list(RESULT_COLUMNS)
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_each_request_carries_its_reviews_language(continuous: bool) -> None:
+    # The engine picks the summary's grammar by it (engine.summary_script): a given code wins, else detected.
+    cache.clear()
+    made: list[FakeEngine] = []
+
+    def factory(cfg: EngineConfig) -> FakeEngine:
+        made.append(BuggyStreamingEngine() if continuous else FakeEngine())
+        return made[-1]
+
+    spec = AnalyzeSpec(engine=EngineConfig(model="fake", batch_size=3, continuous=continuous), prompt_version="v7",
+                       max_review_tokens=50)
+    frame = _frame(["房间很好", "nice room", None, "good", "très bien"],
+                   [None, None, "empty: text is NULL", None, None]).assign(lang=[None, None, None, "ZH", "fr"])
+    out = pd.concat(list(make_analyze_fn(spec, engine_factory=factory)(iter([frame]))))
+    assert len(out) == 5 and len(made) == 1
+    assert made[0].langs == ["zh", "en", "zh", "fr"]
+    cache.clear()

@@ -61,7 +61,9 @@ class _Scripted:
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(map(chr, ids))
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         return [Completion(ANSWER, "stop", 10, 10, {"negative": -0.5, "positive": -1.2}) for _ in conversations]
 
     def close(self) -> None:

@@ -85,7 +85,7 @@ def test_unreadable_password_file(password_file: Path) -> None:
 @pytest.mark.parametrize(
     ("override", "named"),
     [
-        ("prompt.version=v9", "prompt.version: unknown 'v9'"),  # it failed only inside the first Spark task
+        ("prompt.version=v99", "prompt.version: unknown 'v99'"),  # it failed only inside the first Spark task
         ("engine.model=.cache/models/my-model", "engine: default_model: true"),  # it ran the default model
         ("engine.batch_size=true", "engine.batch_size: expected a number, got true"),  # it ran batches of one
     ],

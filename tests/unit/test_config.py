@@ -95,8 +95,8 @@ def test_booleans_still_set_boolean_fields() -> None:
 
 
 def test_unknown_prompt_version_fails_at_load() -> None:
-    with pytest.raises(ConfigError, match=r"prompt\.version: unknown 'v7'; known: v1, v2, v3"):
-        load_config(LOCAL, ["prompt.version=v7"])
+    with pytest.raises(ConfigError, match=r"prompt\.version: unknown 'v77'; known: v1, v2, v3"):
+        load_config(LOCAL, ["prompt.version=v77"])
 
 
 def test_default_model_needs_the_default_models_folder() -> None:

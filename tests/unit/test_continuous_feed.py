@@ -35,10 +35,12 @@ class FakeStreamingEngine:
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(chr(i) for i in ids)
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         raise AssertionError("the continuous path must not call generate")
 
-    def submit(self, conversation: Sequence[Message]) -> str:
+    def submit(self, conversation: Sequence[Message], lang: str | None = None) -> str:
         review = conversation[-1]["content"]
         if "REFUSE" in review:
             raise RequestError("too long")  # the engines' per-request refusal

@@ -132,7 +132,9 @@ class _Recorder:
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(ids).decode(errors="ignore")
 
-    def generate(self, conversations: Sequence[Sequence[Message]]) -> list[Completion]:
+    def generate(
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+    ) -> list[Completion]:
         self.seen.extend(list(c) for c in conversations)
         answer = '{"sentiment": "negative", "summary": "bad", "aspects": []}'
         return [Completion(text=answer, finish_reason="stop", tokens_in=1, tokens_out=1) for _ in conversations]

@@ -1,11 +1,13 @@
 """Prompt building and completion parsing: pure functions, no model."""
 
 import json
+import re
 
 import pytest
 
+from qwenspark.config import EngineConfig
 from qwenspark.errors import ConfigError
-from qwenspark.parse import aspects_json, json_schema, parse_completion
+from qwenspark.parse import answer_schemas, aspects_json, json_schema, parse_completion
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.schemas import ASPECTS, SENTIMENTS, SUMMARY_MAX_CHARS
 
@@ -138,3 +140,96 @@ def test_v4_is_v1_with_the_summary_bounded_by_the_grammar() -> None:
     assert all(len(json.loads(a)["summary"]) <= v4.summary_max_chars for _, a in v4.examples)
     assert json_schema(v4.answer_order, v4.summary_max_chars)["properties"]["summary"]["maxLength"] == 100
     assert json_schema()["properties"]["summary"]["maxLength"] == SUMMARY_MAX_CHARS  # the others unchanged
+
+
+def test_v7_and_v8_are_v5_and_v6_with_the_summary_in_the_review_script() -> None:
+    for new, old in (("v7", "v5"), ("v8", "v6")):
+        a, b = get_template(new), get_template(old)
+        assert a.summary_script and not b.summary_script
+        assert (a.system, a.examples, a.user_prefix, a.label_bias, a.summary_max_chars) == (
+            b.system, b.examples, b.user_prefix, b.label_bias, b.summary_max_chars)
+    # The few-shot answers follow the rule the grammar enforces on the real answer.
+    v7 = get_template("v7")
+    for review, answer in v7.examples:
+        lang = "zh" if any("\u4e00" <= ch <= "\u9fff" for ch in review) else "en"
+        pattern = json_schema(v7.answer_order, v7.summary_max_chars, lang)["properties"]["summary"]["pattern"]
+        assert re.fullmatch(pattern.strip("^$"), json.loads(answer)["summary"]), (lang, answer)
+
+
+@pytest.mark.parametrize(
+    ("lang", "summary", "ok"),
+    [
+        ("zh", "房间干净，早餐200元一位。", True),
+        ("zh", "无线网络很差", True),
+        ("zh", "WiFi很差", False),  # no Latin letter at all in a Chinese summary
+        ("zh", "Nice room", False),
+        ("zh", "房" * 100, True),
+        ("zh", "房" * 101, False),  # the pattern carries the length bound (xgrammar drops maxLength beside it)
+        ("zh", "", False),
+        ("en", "Clean room, breakfast $20 (cold).", True),
+        ("en", "Clean room, 早餐 cold", False),
+        ("en", "Clean room。", False),  # CJK punctuation
+        ("en", "房间很好", False),
+        ("en", "x" * 100, True),
+        ("en", "x" * 101, False),
+        ("en", "1 night only", False),  # it starts with a letter
+    ],
+)
+def test_summary_script_patterns(lang: str, summary: str, ok: bool) -> None:
+    schema = json_schema("verdict_first", 100, lang)
+    prop = schema["properties"]["summary"]
+    assert "maxLength" not in prop and "minLength" not in prop
+    assert bool(re.fullmatch(prop["pattern"].strip("^$"), summary)) is ok
+    # The grammar xgrammar builds from the schema agrees, on the whole JSON answer.
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    grammar = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+    answer = json.dumps({"sentiment": "positive", "summary": summary, "aspects": []}, ensure_ascii=False,
+                        separators=(", ", ": "))
+    assert _is_grammar_accept_string(grammar, answer) is ok
+
+
+def test_answer_schemas_by_language() -> None:
+    assert list(answer_schemas(EngineConfig(model="m", summary_max_chars=100))) == [None]
+    both = answer_schemas(EngineConfig(model="m", summary_max_chars=100, summary_script=True))
+    assert list(both) == [None, "zh", "en"]
+    assert both[None] == json_schema("verdict_first", 100) and "pattern" not in both[None]["properties"]["summary"]
+    assert both["zh"]["properties"]["summary"]["pattern"] != both["en"]["properties"]["summary"]["pattern"]
+
+
+def test_v9_writes_the_aspects_as_one_object_and_stores_them_as_before() -> None:
+    v7, v9 = get_template("v7"), get_template("v9")
+    assert v9.aspect_map and v9.summary_script and v9.label_bias == v7.label_bias and not v7.aspect_map
+    assert '"aspects": {"<aspect>": "<sentiment>", ...}' in v9.system and "in this order: room, service" in v9.system
+    schema = json_schema(v9.answer_order, v9.summary_max_chars, "en", aspect_map=True)
+    assert list(schema["properties"]["aspects"]["properties"]) == list(ASPECTS) and "$defs" not in schema
+    for (review, old), (same, new) in zip(v7.examples, v9.examples, strict=True):
+        assert review == same
+        # The same answer, read back from the map: each aspect once, in ASPECTS order.
+        a, b = parse_completion(old), parse_completion(new, aspect_map=True)
+        assert a.record is not None and b.record is not None
+        assert (b.record.sentiment, b.record.summary) == (a.record.sentiment, a.record.summary)
+        assert sorted(aspects_json(b.record)) == sorted(aspects_json(a.record))
+        order = [m.aspect for m in b.record.aspects]
+        assert order == sorted(order, key=ASPECTS.index)
+
+
+@pytest.mark.parametrize(
+    ("aspects", "error"),
+    [
+        ({"room": "positive", "noise": "negative"}, None),
+        ({}, None),
+        ([{"aspect": "room", "sentiment": "positive"}], "aspects: not an object"),  # the list form is not v9's
+        ({"room": "great"}, "parse: schema: aspects.0.sentiment"),
+        ({"pool": "positive"}, "parse: schema: aspects.0.aspect"),
+    ],
+)
+def test_an_aspect_map_answer_is_validated(aspects: object, error: str | None) -> None:
+    text = json.dumps({"sentiment": "positive", "summary": "ok", "aspects": aspects})
+    parsed = parse_completion(text, "stop", aspect_map=True)
+    if error is None:
+        assert parsed.error is None and parsed.record is not None
+        assert json.loads(aspects_json(parsed.record)) == [{"aspect": k, "sentiment": v} for k, v in aspects.items()]  # type: ignore[union-attr]
+    else:
+        assert parsed.record is None and parsed.error is not None and error in parsed.error

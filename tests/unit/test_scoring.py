@@ -105,6 +105,9 @@ def test_the_report_of_hand_made_rows() -> None:
     assert r["summary_in_language_rate"] == 10 / 11  # 11 summaries; the looping "？？？…" is not Chinese
     assert r["schema_valid_rate"] == 11 / 12 and r["error_rate"] == 1 / 12
     assert r["mean_tokens_out"] == pytest.approx(320 / 12)
+    # Sorted tokens_out: 10 x 8, 20, 30, 62, 128; percentile q sits at q x 11 in that list, linearly interpolated
+    # (65th: 7.15 -> 11.5 -> 12; 95th: 10.45 -> 62 + 0.45 x 66 = 91.7 -> 92).
+    assert r["tokens_out_percentiles"] == [10] * 13 + [12, 17, 22, 28, 41, 59, 92, 128]
     assert [x["source_id"] for x in r["slowest"]][:2] == ["r3", "r11"]  # type: ignore[index]
 
 
