@@ -216,7 +216,6 @@ class PreparedBatch:
         self.latency_ms = [0] * n
         self.todo: list[int] = []  # row index of each conversation
         self.conversations: list[list[Message]] = []
-        self.conversation_langs: list[str] = []  # each conversation's review language (the engine's grammar)
         self.guarded: list[int] = []  # row index of each review that had instructions to the model cut
         for i, (raw, lang) in enumerate(zip(chunk["text"], chunk["lang"], strict=True)):
             if self.errors[i] is not None:
@@ -240,7 +239,6 @@ class PreparedBatch:
             given = lang if isinstance(lang, str) else None
             self.langs[i] = detect_lang(cut, given)
             self.conversations.append(template.messages(cut, self.langs[i]))
-            self.conversation_langs.append(self.langs[i])
             self.todo.append(i)
         self.remaining = len(self.todo)
         if self.guarded:
@@ -271,7 +269,7 @@ class PreparedBatch:
     def run_sync(self, engine: Engine) -> pd.DataFrame:
         """One synchronous engine call for the whole batch (engines without a continuous feed)."""
         started = time.perf_counter()
-        completions = generate_isolating(engine, self.conversations, self.conversation_langs)
+        completions = generate_isolating(engine, self.conversations, [self.langs[i] for i in self.todo])
         batch_ms = int((time.perf_counter() - started) * 1000)
         for j, done in enumerate(completions):
             self.fill(j, done, batch_ms)
@@ -339,7 +337,7 @@ class ContinuousFeed:
         for j, conversation in enumerate(batch.conversations):
             started = time.perf_counter()
             try:
-                rid = self.engine.submit(conversation, batch.conversation_langs[j])
+                rid = self.engine.submit(conversation, batch.langs[batch.todo[j]])
             except RequestError as exc:  # refused at admission: that row's error, not the task's
                 batch.fill(j, f"engine refused the request: {str(exc)[:500]}", 0)
                 continue
