@@ -30,12 +30,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from qwenspark.analyze import AnalyzeSpec, PreparedBatch  # noqa: E402
+from qwenspark.analyze import AnalyzeSpec, PreparedBatch, templated  # noqa: E402
 from qwenspark.calibrate import calibrated  # noqa: E402
 from qwenspark.config import load_config  # noqa: E402
 from qwenspark.evaluate import load_labelled, sample  # noqa: E402
 from qwenspark.pipeline import prepare_model  # noqa: E402
-from qwenspark.prompts import get_template  # noqa: E402
 from qwenspark.schemas import CLEAN_SCHEMA  # noqa: E402
 from qwenspark.scoring import accuracy, macro_f1, per_class, scheme, scored  # noqa: E402
 
@@ -60,9 +59,7 @@ def label_rows(rows: pd.DataFrame, prompt: str, overrides: Sequence[str]) -> lis
     from qwenspark.engines import build_engine
 
     cfg = prepare_model(load_config(ROOT / "conf" / "local.yaml", list(overrides)))
-    template = get_template(prompt)
-    engine_cfg = cfg.engine.model_copy(update={"answer_order": template.answer_order, "label_logprobs": True,
-                                               "summary_max_chars": template.summary_max_chars})
+    engine_cfg = templated(cfg.engine, prompt).model_copy(update={"label_logprobs": True})
     engine = build_engine(engine_cfg)
     spec = AnalyzeSpec(engine=engine_cfg, prompt_version=prompt, max_review_tokens=cfg.clean.max_review_tokens,
                        guard=cfg.prompt.guard)
@@ -80,8 +77,9 @@ def label_rows(rows: pd.DataFrame, prompt: str, overrides: Sequence[str]) -> lis
             batch = PreparedBatch(engine, chunk, spec)
             batch.run_sync(engine)
             for j in range(n):
-                out.append({"lang": part["lang"].iat[j], "gold": part["label"].iat[j],
-                            "answer": batch.sentiment[j], "logprobs": batch.label_logprobs[j]})
+                out.append({"source_id": part["source_id"].iat[j], "lang": part["lang"].iat[j],
+                            "gold": part["label"].iat[j],
+                            "answer": batch.generated[j], "logprobs": batch.label_logprobs[j]})
             print(f"{len(out)}/{len(rows)} rows", flush=True)
     finally:
         engine.close()

@@ -161,20 +161,26 @@ class LengthPlan:
     """Per-request SamplingParams, the same for the bare, continuous and naive paths.
 
     Wraps LLM.generate and LLMEngine.add_request of the engine under test: a prompt's review index (the
-    "(#i/tag)" review_frames writes) picks its params from the active table. guided: the engine's own
-    params (JSON grammar) with max_tokens = length; unguided: no grammar, ignore_eos, exactly length tokens.
+    "(#i/tag)" review_frames writes) picks its length from the active table. guided: the params the engine passed
+    for that request (its grammar, or none for an optimistic first attempt, and the attempt's penalty) with
+    max_tokens = length, and an attempt without grammar runs exactly length tokens; unguided: no grammar,
+    ignore_eos, exactly length tokens.
     """
 
     TAG = re.compile(r"\(#(\d+)/\w+\)")
 
     def __init__(self, engine: Any) -> None:
-        self.engine, self.table, self.misses, self.hits = engine, None, 0, 0
+        self.engine, self.misses, self.hits = engine, 0, 0
+        self.table: list[int] | None = None
+        self.guided = True
+        self.derived: dict[tuple[int, int], tuple[Any, Any]] = {}
         llm = engine._llm
         generate, add_request = llm.generate, llm.llm_engine.add_request
 
         def planned_generate(prompts: Any, params: Any = None, **kw: Any) -> Any:
             if self.table is not None and isinstance(prompts, list):
-                params = [self.params(p, params) for p in prompts]
+                each = params if isinstance(params, list) else [params] * len(prompts)
+                params = [self.params(p, d) for p, d in zip(prompts, each, strict=True)]
             return generate(prompts, params, **kw)
 
         def planned_add_request(rid: str, prompt: Any, params: Any, *a: Any, **kw: Any) -> Any:
@@ -185,23 +191,10 @@ class LengthPlan:
         llm.generate, llm.llm_engine.add_request = planned_generate, planned_add_request
 
     def set(self, lengths: list[int] | None, guided: bool, langs: list[str] | None = None) -> None:
-        """Activate per-request lengths (None: the engine's own params, untouched); guided requests keep the
-        grammar of their review's language (langs, by review index)."""
-        if lengths is None:
-            self.table = None
-            return
-        from vllm import SamplingParams
-
-        by_key: dict[tuple[int, str | None], Any] = {}
-        keys = [(n, langs[i] if langs and guided else None) for i, n in enumerate(lengths)]
-        for n, lang in set(keys):
-            if guided:
-                params = copy.deepcopy(self.engine.params(lang))
-                params.max_tokens = n
-            else:
-                params = SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
-            by_key[n, lang] = params
-        self.table = [by_key[key] for key in keys]
+        """Activate per-request lengths (None: the engine's own params, untouched). guided: each request keeps the
+        settings the engine chose for it (its language's grammar, its attempt); langs is not needed any more and
+        kept for the callers."""
+        self.table, self.guided, self.derived = lengths, guided, {}
 
     def params(self, prompt: str, default: Any) -> Any:
         found = self.TAG.findall(prompt)
@@ -209,7 +202,20 @@ class LengthPlan:
             self.misses += 1
             return default
         self.hits += 1
-        return self.table[int(found[-1])]
+        n = self.table[int(found[-1])]
+        key = (id(default), n)
+        if key not in self.derived:
+            from vllm import SamplingParams
+
+            if self.guided:
+                params = copy.deepcopy(default)
+                params.max_tokens = n
+                if params.structured_outputs is None:  # an optimistic first attempt: the answer's real length
+                    params.min_tokens, params.ignore_eos = n, True
+            else:
+                params = SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
+            self.derived[key] = (default, params)  # default kept alive: its id stays its own
+        return self.derived[key][1]
 
 
 def langs_of(frames: list[pd.DataFrame]) -> list[str]:

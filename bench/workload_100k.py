@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import json
 import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
@@ -139,6 +140,58 @@ def bounds(costs: dict[str, float], *, concurrency: int, prompt_tokens: float, c
     }
 
 
+class ValidShare:
+    """Dummy weights write no JSON without the grammar; a trained model's unguided answers fit it at the rate a real
+    CPU eval of the strategy measured (1 - its repaired_rate). That share of first attempts (by review index,
+    seeded) gets a canned valid answer in its review's language in place of its text, with the tokens it generated;
+    the others are retried with the grammar by the executor, as in production. Wraps the engine's submit/step."""
+
+    ANSWER: ClassVar[dict[str, str]] = {
+        "zh": '{"sentiment":"positive","summary":"房间干净，服务很好","aspects":{"room":"positive"}}',
+        "en": '{"sentiment":"positive","summary":"Clean room, kind staff","aspects":{"room":"positive"}}',
+    }
+
+    def __init__(self, engine: Any, share: float) -> None:
+        self.share, self.first, self.retried = share, {}, 0
+        submit, step = engine.submit, engine.step
+
+        def valid_submit(conversation: Any, lang: str | None = None, **kw: Any) -> str:
+            rid = submit(conversation, lang, **kw)
+            if kw.get("retry") is None:
+                found = LengthPlan.TAG.findall(conversation[-1]["content"])
+                if found and random.Random(f"valid{found[-1]}").random() < self.share:
+                    self.first[rid] = lang or "en"
+            else:
+                self.retried += 1
+            return rid
+
+        def valid_step() -> list[tuple[str, Any]]:
+            out = []
+            for rid, done in step():
+                lang = self.first.pop(rid, None)
+                text = self.ANSWER.get(lang or "en", self.ANSWER["en"])
+                out.append((rid, done if lang is None else dataclasses.replace(done, text=text, finish_reason="stop")))
+            return out
+
+        engine.submit, engine.step = valid_submit, valid_step
+
+
+def strategy(name: str) -> tuple[str, float | None]:
+    """A strategy: VERSION[-guided][-noscript][@SHARE]. -guided: an optimistic version decoded with the grammar from
+    the first token; -noscript: without the summary-script pattern (maxLength only); @SHARE: this strategy's
+    --unguided-valid. Modified versions are registered here as bench-only prompt versions (to measure each lever)."""
+    from qwenspark import prompts
+
+    version, _, share = name.partition("@")
+    base = version.removesuffix("-noscript").removesuffix("-guided").removesuffix("-noscript")
+    if version != base:
+        prompts.TEMPLATES[version] = dataclasses.replace(
+            get_template(base), version=version,
+            optimistic=get_template(base).optimistic and "-guided" not in version,
+            summary_script=get_template(base).summary_script and "-noscript" not in version)
+    return version, float(share) if share else None
+
+
 def shared_prefix_tokens(engine: Any, version: str) -> int:
     """Tokens every prompt of this version shares (system and few-shot turns): what prefix caching computes once."""
     template = get_template(version)
@@ -147,14 +200,16 @@ def shared_prefix_tokens(engine: Any, version: str) -> int:
 
 
 def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, *, lengths_table: list[int],
-                 model: str, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+                 model: str, engine_kwargs: dict[str, Any], valid_share: float) -> dict[str, Any]:
     """One engine for the prompt version; bare then executor; the figures."""
     RUN["prompt_version"] = version
     on_cpu = not _cuda()  # a smoke run here, with the tiny test model
+    # repair_penalty 0: a dummy model's guided answers run to their forced length, which a trained model's answers
+    # do 0.2-0.5 % of the time (CPU evals); repairing each would double the decode work of a toy, not of users.
     cfg = templated(EngineConfig(
         kind="vllm", model=model, batch_size=args.batch_size, max_in_flight=args.max_in_flight,
         max_tokens=args.max_tokens, max_model_len=4096, gpu_memory_utilization=None if on_cpu else 0.85,
-        enforce_eager=on_cpu, engine_kwargs=engine_kwargs,
+        enforce_eager=on_cpu, engine_kwargs=engine_kwargs, repair_penalty=0.0,
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"} if on_cpu else {},
     ), version)
     cfg, devices = pin_task_gpus(cfg)
@@ -165,6 +220,7 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
     lengths = draw_lengths(lengths_table, len(reviews), args.max_tokens)  # by review index, every copy alike
     langs = [detect_lang(t, lang) for t, lang in zip(reviews["text"], reviews["lang"], strict=True)]
     plan.set(lengths, guided=True, langs=langs)
+    valid = ValidShare(engine, valid_share) if cfg.optimistic else None
     template = get_template(version)
 
     def conversations(frames: list[pd.DataFrame]) -> list[Any]:
@@ -189,7 +245,8 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
     mean_out = tokens_out / args.reviews
     costs = shape_costs(SHAPES[args.shape], bool(args.quantization)) if args.shape else None
     row: dict[str, Any] = {
-        "strategy": version, "quantization": args.quantization or "bf16", "reviews": args.reviews,
+        "strategy": version + (f"@{valid_share}" if cfg.optimistic else ""),
+        "quantization": args.quantization or "bf16", "reviews": args.reviews,
         "bare_reviews": args.bare_reviews, "engine_load_s": round(load_s, 1), "engine": _engine_settings(engine),
         "exec_s": round(exec_s, 1), "bare_s": round(bare_s, 1),
         "exec_reviews_per_s": round(exec_rps, 1), "bare_reviews_per_s": round(bare_rps, 1),
@@ -200,6 +257,8 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
         "planned_tokens_out": round(sum(lengths[: args.reviews]) / args.reviews, 1),
         "mean_tokens_in": round(tokens_in, 1), "shared_prefix_tokens": cached,
         "rows_with_error": int(out["error"].notna().sum()),
+        "optimistic": cfg.optimistic, "unguided_valid_share": valid_share if cfg.optimistic else None,
+        "retried_with_grammar": valid.retried if valid is not None else 0,
         "projected_min_per_100k": round(TARGET_REVIEWS / exec_rps / 60, 1),
     }
     if costs is not None:
@@ -228,6 +287,9 @@ def main() -> int:
     p.add_argument("--max-in-flight", type=int, default=256)
     p.add_argument("--frame-rows", type=int, default=1000, help="rows per incoming frame (Arrow batch)")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--unguided-valid", type=float, default=0.95,
+                   help="optimistic strategies: share of first answers written without the grammar that fit it (1 - "
+                        "repaired_rate of a real CPU eval of the strategy); the rest are retried with the grammar")
     p.add_argument("--json-out", type=Path)
     args = p.parse_args()
     tables = {k: json.loads(Path(v).read_text())["tokens_out_percentiles"]
@@ -241,18 +303,20 @@ def main() -> int:
     figures: dict[str, Any] = {"model": args.shape or model, "device": _device_name(),
                                "mean_review_chars": round(float(reviews["text"].str.len().mean()), 1),
                                "en_share": args.en_share, "strategies": []}
-    for version in args.strategies.split(","):
-        row = run_strategy(args, version, reviews, lengths_table=tables[version], model=model,
-                           engine_kwargs=engine_kwargs)
+    for name in args.strategies.split(","):
+        version, share = strategy(name)
+        row = run_strategy(args, version, reviews, lengths_table=tables[name.partition("@")[0].split("-")[0]],
+                           model=model, engine_kwargs=engine_kwargs,
+                           valid_share=args.unguided_valid if share is None else share)
         figures["strategies"].append(row)
         print(json.dumps(row), flush=True)
         if args.json_out:
             args.json_out.write_text(json.dumps(figures, indent=2))
     print(f"\n{figures['model']} on {figures['device']}, reviews of {figures['mean_review_chars']} chars on average")
-    print(f"  {'strategy':<9}{'precision':>10}{'reviews/s':>10}{'bare':>8}{'exec/bare':>10}{'out tok/s':>10}"
+    print(f"  {'strategy':<12}{'precision':>10}{'reviews/s':>10}{'bare':>8}{'exec/bare':>10}{'out tok/s':>10}"
           f"{'tok/review':>11}{'HBM %':>7}{'compute %':>10}{'min/100k':>9}")
     for r in figures["strategies"]:
-        print(f"  {r['strategy']:<9}{r['quantization']:>10}{r['exec_reviews_per_s']:>10}{r['bare_reviews_per_s']:>8}"
+        print(f"  {r['strategy']:<12}{r['quantization']:>10}{r['exec_reviews_per_s']:>10}{r['bare_reviews_per_s']:>8}"
               f"{r['exec_vs_bare']:>10}{r['exec_out_tok_per_s']:>10}{r['mean_tokens_out']:>11}"
               f"{100 * r.get('share_of_hbm_bound', 0):>7.1f}{100 * r.get('share_of_compute_bound', 0):>10.1f}"
               f"{r['projected_min_per_100k']:>9}")

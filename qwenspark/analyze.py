@@ -18,11 +18,12 @@ from qwenspark.batching import rechunk, truncate_by_tokens
 from qwenspark.calibrate import calibrated
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
-from qwenspark.engines.base import Completion, Engine, Message, StreamingEngine
+from qwenspark.engines.base import Completion, Engine, Message, Retry, StreamingEngine
 from qwenspark.errors import RequestError
 from qwenspark.faults import failpoint
 from qwenspark.guard import strip_directives
-from qwenspark.parse import aspects_json, parse_completion
+from qwenspark.label_head import get_head
+from qwenspark.parse import Parsed, aspects_json, grammar_misfit, needs_repair, parse_completion
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.resources import pin_task_gpus, pin_threads
 from qwenspark.schemas import EXECUTOR_IN_SCHEMA, RESULT_COLUMNS
@@ -54,6 +55,7 @@ class Metrics:
     gpu_bindings: Any  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> engine loads
     engine_rows: Any = None  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> rows analysed
     guarded: Any = None  # Accumulator[int]: reviews the guard cut instructions to the model from
+    repaired: Any = None  # Accumulator[int]: answers generated a second time with the repair settings
 
     def release(self) -> None:
         """Drop these accumulators from PySpark's driver registry once their values are read.
@@ -65,7 +67,7 @@ class Metrics:
         from pyspark.accumulators import _accumulatorRegistry
 
         for acc in (self.engine_loads, self.batch_sizes, self.rows, self.gpu_bindings, self.engine_rows,
-                    self.guarded):
+                    self.guarded, self.repaired):
             if acc is not None:
                 _accumulatorRegistry.pop(acc.aid, None)
 
@@ -86,7 +88,10 @@ def make_analyze_fn(
 ) -> Callable[[Iterator[pd.DataFrame]], Iterator[pd.DataFrame]]:
     """Build the mapInPandas function on the driver; it runs on executors."""
     template = get_template(spec.prompt_version)  # fail on the driver, not in every task
-    if template.label_bias is not None and spec.engine.kind in ("transformers", "openai"):
+    if template.label_head is not None:
+        get_head(template.label_head)
+    no_logprobs = spec.engine.kind in ("transformers", "openai")
+    if template.label_head is None and template.label_bias is not None and no_logprobs:
         log.warning("prompt %s is calibrated from label log-probabilities, which engine.kind=%s does not report: "
                     "its labels are stored as generated", spec.prompt_version, spec.engine.kind)
 
@@ -110,13 +115,15 @@ def make_analyze_fn(
                 batch = PreparedBatch(engine, chunk, spec)
                 if metrics is not None and metrics.guarded is not None and batch.guarded:
                     metrics.guarded.add(len(batch.guarded))
-                for out in feed.add(batch) if feed is not None else [batch.run_sync(engine)]:
+                ready = [(batch, batch.run_sync(engine))] if feed is None else [(b, b.frame()) for b in feed.add(batch)]
+                for finished, out in ready:
                     done += len(out)
-                    _report(out, done, metrics, where)
+                    _report(out, done, metrics, where, len(finished.repaired))
                     yield out
-            for out in feed.drain() if feed is not None else []:
+            for finished in feed.drain() if feed is not None else []:
+                out = finished.frame()
                 done += len(out)
-                _report(out, done, metrics, where)
+                _report(out, done, metrics, where, len(finished.repaired))
                 yield out
         finally:
             # A task that fails or is stopped early must not leave requests behind in the cached engine.
@@ -134,7 +141,12 @@ def templated(cfg: EngineConfig, prompt_version: str) -> EngineConfig:
         "summary_max_chars": template.summary_max_chars,
         "summary_script": template.summary_script,
         "aspect_map": template.aspect_map,
-        "label_logprobs": cfg.label_logprobs or template.label_bias is not None,
+        # A penalty the user set explicitly wins (a measurement of another value); else the version's own.
+        "frequency_penalty": cfg.frequency_penalty or template.frequency_penalty,
+        "repair_penalty": cfg.repair_penalty if cfg.repair_penalty is not None else template.repair_penalty,
+        "optimistic": cfg.optimistic or template.optimistic,
+        "label_logprobs": cfg.label_logprobs or template.label_bias is not None
+        or (template.label_head is not None and template.head_logprobs),
     })
 
 
@@ -172,13 +184,15 @@ def _ranges(cores: Sequence[int]) -> str:
     return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
 
 
-def _report(out: pd.DataFrame, done: int, metrics: Metrics | None, where: str = "") -> None:
+def _report(out: pd.DataFrame, done: int, metrics: Metrics | None, where: str = "", repaired: int = 0) -> None:
     log.info(
-        "batch of %d analysed (%d errors, %d generated tokens); %d rows so far in this task",
-        len(out), out["error"].notna().sum(), out["tokens_out"].sum(), done,
+        "batch of %d analysed (%d errors, %d generated tokens, %d generated again); %d rows so far in this task",
+        len(out), out["error"].notna().sum(), out["tokens_out"].sum(), repaired, done,
     )
     if metrics is not None:
         metrics.rows.add(len(out))
+        if metrics.repaired is not None and repaired:
+            metrics.repaired.add(repaired)
         if metrics.engine_rows is not None:
             metrics.engine_rows.add({where: len(out)})
 
@@ -202,9 +216,17 @@ class PreparedBatch:
             raise ValueError(f"analyze stage: input lacks columns {missing}")
         template = get_template(spec.prompt_version)
         self.label_bias, self.aspect_map = template.label_bias, template.aspect_map
+        # The engine was built with templated(spec.engine): the same rules decide which answers it generates again.
+        settings = templated(spec.engine, spec.prompt_version)
+        self.repairs, self.optimistic = bool(settings.repair_penalty), settings.optimistic
+        self.summary_rules = (settings.summary_max_chars, settings.summary_script)
+        self.repaired: dict[int, Retry] = {}  # conversations generated a second time, and with which settings
+        # Loaded once per process, so a head's file is read on the executor when its first batch arrives.
+        self.head = get_head(template.label_head) if template.label_head else None
         n = len(chunk)
         self.chunk, self.model, self.prompt_version = chunk, engine.model_name, spec.prompt_version
         self.sentiment: list[str | None] = [None] * n
+        self.generated: list[str | None] = [None] * n  # the label as the model wrote it, before any calibration/head
         self.summary: list[str | None] = [None] * n
         self.aspects: list[str | None] = [None] * n
         self.errors: list[str | None] = [e if isinstance(e, str) else None for e in chunk["clean_error"]]
@@ -212,6 +234,7 @@ class PreparedBatch:
         self.tokens_in = [0] * n
         self.tokens_out = [0] * n
         self.langs: list[str] = [""] * n  # the language each prompt was built for (the calibration's key)
+        self.texts: list[str] = [""] * n  # the review text each prompt holds (guarded, cut): the label head reads it
         self.label_logprobs: list[dict[str, float] | None] = [None] * n  # as the engine reported them
         self.latency_ms = [0] * n
         self.todo: list[int] = []  # row index of each conversation
@@ -238,6 +261,7 @@ class PreparedBatch:
                 continue
             given = lang if isinstance(lang, str) else None
             self.langs[i] = detect_lang(cut, given)
+            self.texts[i] = cut
             self.conversations.append(template.messages(cut, self.langs[i]))
             self.todo.append(i)
         self.remaining = len(self.todo)
@@ -247,32 +271,70 @@ class PreparedBatch:
             log.warning("instructions to the model cut from %d review(s) before analysis: review_id %s%s",
                         len(self.guarded), ", ".join(ids), " ..." if len(self.guarded) > 20 else "")
 
-    def fill(self, j: int, done: Completion | str, latency_ms: int) -> None:
-        """Store the answer (or engine error) of conversation j."""
+    def fill(self, j: int, done: Completion | str, latency_ms: int) -> Retry | None:
+        """Store the answer (or engine error) of conversation j; or, storing nothing, return how to generate it a
+        second time (the second answer is stored whatever it is): "grammar" for an answer written without the
+        grammar (optimistic) that does not fit it, "penalty" for one cut or looping when the prompt version repairs
+        those."""
         i = self.todo[j]
+        parsed = None if isinstance(done, str) else parse_completion(done.text, done.finish_reason, self.aspect_map)
+        if j not in self.repaired and isinstance(done, Completion) and parsed is not None:
+            retry = self._retry(done, parsed, self.langs[i])
+            if retry is not None:
+                self.repaired[j] = retry
+                self.tokens_out[i] += done.tokens_out  # the first answer's tokens were spent too
+                return retry
         self.latency_ms[i] = latency_ms
         self.remaining -= 1
-        if isinstance(done, str):
-            self.errors[i] = done
-            return
-        self.tokens_in[i], self.tokens_out[i] = done.tokens_in, done.tokens_out
+        if isinstance(done, str) or parsed is None:
+            self.errors[i] = str(done)
+            return None
+        self.tokens_in[i] = done.tokens_in
+        self.tokens_out[i] += done.tokens_out
         self.label_logprobs[i] = done.label_logprobs
-        parsed = parse_completion(done.text, done.finish_reason, self.aspect_map)
         if parsed.record is None:
             self.errors[i] = parsed.error
         else:
-            bias = self.label_bias.get(self.langs[i]) if self.label_bias else None
-            self.sentiment[i] = calibrated(parsed.record.sentiment, done.label_logprobs, bias)
+            if self.head is not None:
+                self.sentiment[i] = self.head.label(parsed.record.sentiment, done.label_logprobs, self.texts[i],
+                                                    self.langs[i])
+            else:
+                bias = self.label_bias.get(self.langs[i]) if self.label_bias else None
+                self.sentiment[i] = calibrated(parsed.record.sentiment, done.label_logprobs, bias)
+            self.generated[i] = parsed.record.sentiment
             self.summary[i] = parsed.record.summary
             self.aspects[i] = aspects_json(parsed.record)
+        return None
+
+    def _retry(self, done: Completion, parsed: Parsed, lang: str) -> Retry | None:
+        if self.repairs and needs_repair(done.finish_reason, parsed):
+            return "penalty"
+        # optimistic: anything else unfit gets the grammar, except a refusal for the content ("error: ..."), which
+        # would be refused again.
+        refused = (done.finish_reason or "").startswith("error:")
+        if self.optimistic and not refused and (
+                parsed.record is None or grammar_misfit(parsed.record, lang, *self.summary_rules) is not None):
+            return "grammar"
+        return None
 
     def run_sync(self, engine: Engine) -> pd.DataFrame:
         """One synchronous engine call for the whole batch (engines without a continuous feed)."""
         started = time.perf_counter()
-        completions = generate_isolating(engine, self.conversations, [self.langs[i] for i in self.todo])
+        langs = [self.langs[i] for i in self.todo]
+        completions = generate_isolating(engine, self.conversations, langs)
         batch_ms = int((time.perf_counter() - started) * 1000)
+        again: dict[Retry, list[int]] = {}
         for j, done in enumerate(completions):
-            self.fill(j, done, batch_ms)
+            retry = self.fill(j, done, batch_ms)
+            if retry is not None:
+                again.setdefault(retry, []).append(j)
+        for retry, rows in again.items():
+            log.info("%d answer(s) generated again (%s)", len(rows), retry)
+            redone = generate_isolating(engine, [self.conversations[j] for j in rows], [langs[j] for j in rows],
+                                        retry=retry)
+            batch_ms = int((time.perf_counter() - started) * 1000)
+            for j, done in zip(rows, redone, strict=True):
+                self.fill(j, done, batch_ms)
         return self.frame()
 
     def frame(self) -> pd.DataFrame:
@@ -331,22 +393,16 @@ class ContinuousFeed:
         self.pending: deque[PreparedBatch] = deque()
         self.owner: dict[str, tuple[PreparedBatch, int, float]] = {}
 
-    def add(self, batch: PreparedBatch) -> list[pd.DataFrame]:
-        """Submit a batch; step the engine while too much is in flight; return batches now complete."""
+    def add(self, batch: PreparedBatch) -> list[PreparedBatch]:
+        """Submit a batch; step the engine while too much is in flight; return batches now complete, in order."""
         self.pending.append(batch)
-        for j, conversation in enumerate(batch.conversations):
-            started = time.perf_counter()
-            try:
-                rid = self.engine.submit(conversation, batch.langs[batch.todo[j]])
-            except RequestError as exc:  # refused at admission: that row's error, not the task's
-                batch.fill(j, f"engine refused the request: {str(exc)[:500]}", 0)
-                continue
-            self.owner[rid] = (batch, j, started)
+        for j in range(len(batch.conversations)):
+            self._submit(batch, j, time.perf_counter())
         while len(self.owner) > self.max_in_flight:
             self._step()
         return self._complete_head()
 
-    def drain(self) -> list[pd.DataFrame]:
+    def drain(self) -> list[PreparedBatch]:
         """Finish everything still in flight (end of the partition)."""
         while self.owner:
             self._step()
@@ -358,23 +414,37 @@ class ContinuousFeed:
             self.engine.abort(list(self.owner))
             self.owner.clear()
 
+    def _submit(self, batch: PreparedBatch, j: int, started: float, retry: Retry | None = None) -> None:
+        lang = batch.langs[batch.todo[j]]
+        try:
+            # retry only as a keyword when set: engines without retry settings never see it.
+            rid = (self.engine.submit(batch.conversations[j], lang, retry=retry) if retry is not None
+                   else self.engine.submit(batch.conversations[j], lang))
+        except RequestError as exc:  # refused at admission: that row's error, not the task's
+            batch.fill(j, f"engine refused the request: {str(exc)[:500]}", 0)
+            return
+        self.owner[rid] = (batch, j, started)
+
     def _step(self) -> None:
         for rid, done in self.engine.step():
             owner = self.owner.pop(rid, None)
             if owner is None:  # left over from an earlier task that ended early: nobody waits for it
                 continue
             batch, j, started = owner
-            batch.fill(j, done, int((time.perf_counter() - started) * 1000))
+            retry = batch.fill(j, done, int((time.perf_counter() - started) * 1000))
+            if retry is not None:
+                self._submit(batch, j, started, retry)
 
-    def _complete_head(self) -> list[pd.DataFrame]:
+    def _complete_head(self) -> list[PreparedBatch]:
         out = []
         while self.pending and self.pending[0].remaining == 0:
-            out.append(self.pending.popleft().frame())
+            out.append(self.pending.popleft())
         return out
 
 
 def generate_isolating(
-    engine: Engine, conversations: Sequence[list[Message]], langs: Sequence[str] | None = None
+    engine: Engine, conversations: Sequence[list[Message]], langs: Sequence[str] | None = None, *,
+    retry: Retry | None = None,
 ) -> list[Completion | str]:
     """engine.generate on the batch; if the engine refuses a request, retry one by one to find it.
 
@@ -384,14 +454,15 @@ def generate_isolating(
     """
     if not conversations:
         return []
+    options = {"retry": retry} if retry is not None else {}  # engines without retry settings never see the keyword
     try:
-        return list(engine.generate(conversations, langs))
+        return list(engine.generate(conversations, langs, **options))
     except RequestError as exc:
         log.warning("engine refused a batch of %d (%s); isolating the bad rows", len(conversations), exc)
     results: list[Completion | str] = []
     for j, conv in enumerate(conversations):
         try:
-            results.extend(engine.generate([conv], None if langs is None else [langs[j]]))
+            results.extend(engine.generate([conv], None if langs is None else [langs[j]], **options))
         except RequestError as exc:
             results.append(f"engine refused the request: {str(exc)[:500]}")
     return results

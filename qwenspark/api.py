@@ -68,7 +68,9 @@ def _embedded_default() -> dict[str, Any]:
                 "VLLM_LOGGING_LEVEL": "WARNING",
                 "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"),
             },
-        }
+        },
+        # conf/local.yaml's version for this model: the label head fitted for the 0.5B.
+        "prompt": {"version": "v10"},
     }
 
 

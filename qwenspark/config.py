@@ -318,6 +318,22 @@ class EngineConfig(_Section):
         False, description="The guided answer's aspects as one object, aspect -> sentiment (fewer tokens). The job "
         "sets it from prompt.version's template; leave it unset.",
     )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="Penalty on each output token by how often the answer has used it already "
+        "(OpenAI semantics): it breaks the summary loops of a small model. The job sets it from prompt.version's "
+        "template; leave it unset.",
+    )
+    optimistic: bool = Field(
+        False, description="Write each answer without the grammar first (no per-token mask work, the cost that bounds "
+        "a GPU); an answer that is not valid JSON of the schema, or breaks the grammar's summary rules, is generated "
+        "again with the grammar, so every stored answer fits it. The job sets it from prompt.version's template; leave "
+        "it unset.",
+    )
+    repair_penalty: float | None = Field(
+        None, ge=0.0, le=2.0, description="An answer cut by max_tokens or with a looping summary is generated once "
+        "more with this frequency penalty (None or 0: stored as it came). The job sets it from prompt.version's "
+        "template; leave it unset.",
+    )
     label_logprobs: bool = Field(
         False,
         description="Ask the engine for the log-probabilities of the sentiment label's first token (set from the "
@@ -441,7 +457,7 @@ class PromptConfig(_Section):
         from qwenspark.prompts import TEMPLATES
 
         if value not in TEMPLATES:
-            raise ValueError(f"unknown {value!r}; known: {', '.join(sorted(TEMPLATES))}")
+            raise ValueError(f"unknown {value!r}; known: {', '.join(TEMPLATES)}")
         return value
 
 

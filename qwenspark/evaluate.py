@@ -36,6 +36,8 @@ class EvalReport:
     confusion_by_lang: dict[str, dict[str, dict[str, int]]]  # lang -> gold -> raw answer (4 labels, error) -> rows
     summary_in_language_rate: float  # of the rows with a summary in zh or en
     cut_or_looping_rate: float  # answers cut by max_tokens, or with a degenerate repetition in the summary
+    cut_or_looping: list[dict[str, object]]  # those rows: source_id, lang, tokens_out, summary (cut: None)
+    repaired_rate: float  # answers generated a second time (cut or looping the first time: engine.repair_penalty)
     mean_tokens_out: float
     # Output tokens per review at the 0th, 5th, ..., 100th percentile: the length distribution a GPU benchmark
     # forces on dummy weights (bench/workload_100k.py), so its decode work looks like real answers.
@@ -103,6 +105,7 @@ def run_eval(spark: SparkSession, cfg: QwenSparkConfig, labelled: pd.DataFrame) 
     try:
         out = analyse(df, cfg, metrics).select(
             "review_id", "sentiment", "summary", "error", "tokens_out", "latency_ms").toPandas()
+        repaired = int(metrics.repaired.value)
     finally:
         metrics.release()
     seconds = time.perf_counter() - t0
@@ -110,7 +113,7 @@ def run_eval(spark: SparkSession, cfg: QwenSparkConfig, labelled: pd.DataFrame) 
     if len(out) != len(labelled):
         raise AssertionError(f"eval: {len(labelled)} rows in, {len(out)} out")
     return score(labelled, out, seconds=seconds, engine_load_seconds=load_s, model=cfg.engine.model,
-                 prompt_version=cfg.prompt.version)
+                 prompt_version=cfg.prompt.version, repaired=repaired)
 
 
 def _none(x: object) -> str | None:
@@ -118,7 +121,7 @@ def _none(x: object) -> str | None:
 
 
 def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_load_seconds: float, model: str,
-          prompt_version: str) -> EvalReport:
+          prompt_version: str, repaired: int = 0) -> EvalReport:
     """The report of predictions `out` (sentiment, summary, error, tokens_out, latency_ms; row i answers labelled
     row i) against the gold labels, each language under its own scheme (qwenspark.scoring)."""
     gold, langs = labelled["label"].tolist(), labelled["lang"].tolist()
@@ -133,6 +136,7 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
                if v is not None]
     cut = [bool(e and e.startswith(CUT_ERROR)) or scoring.looping(s) for e, s in zip(errors, summaries, strict=True)]
     n = len(labelled)
+    tokens_out = [int(t) for t in out["tokens_out"].tolist()]
     slow = out.assign(source_id=labelled["source_id"].values, lang=labelled["lang"].values).nlargest(5, "latency_ms")
     slowest: list[dict[str, object]] = [
         {"source_id": str(r["source_id"]), "lang": str(r["lang"]), "latency_ms": int(r["latency_ms"]),
@@ -148,6 +152,10 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
         confusion_by_lang={lang: scoring.confusion(g, a) for lang, (g, a) in per_lang.items()},
         summary_in_language_rate=sum(in_lang) / len(in_lang) if in_lang else 0.0,
         cut_or_looping_rate=sum(cut) / n,
+        repaired_rate=repaired / n,
+        cut_or_looping=[
+            {"source_id": str(labelled["source_id"].iat[i]), "lang": langs[i], "tokens_out": tokens_out[i],
+             "summary": summaries[i]} for i in range(n) if cut[i]],
         mean_tokens_out=float(out["tokens_out"].mean()),
         tokens_out_percentiles=[round(float(out["tokens_out"].quantile(q / 20))) for q in range(21)],
         slowest=slowest,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -14,6 +15,9 @@ if TYPE_CHECKING:
     from qwenspark.config import EngineConfig
 
 _ERR_MAX = 500
+# The degenerate loops of a small model: a unit of 1-3 characters 8 times or more in a row ("？？？？？？？？"), or
+# one of 4-20 characters 5 times or more ("good good good good good ").
+_LOOP = re.compile(r"(.{1,3}?)\1{7,}|(.{4,20}?)\2{4,}", re.DOTALL)
 # The error of an answer cut by max_tokens (the eval counts these as cut).
 CUT_ERROR = "parse: output hit max_tokens before the JSON ended"
 
@@ -120,6 +124,34 @@ def parse_completion(text: str, finish_reason: str | None = None, aspect_map: bo
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return Parsed(None, f"parse: schema: {problems}"[:_ERR_MAX])
     return Parsed(_dedupe_aspects(record), None)
+
+
+def looping(text: str | None) -> bool:
+    """True when the text holds a degenerate repetition (_LOOP)."""
+    return bool(text) and _LOOP.search(text or "") is not None
+
+
+def grammar_misfit(
+    record: ReviewAnalysis, lang: str, summary_max_chars: int | None, summary_script: bool
+) -> str | None:
+    """What an answer written without the grammar (engine.optimistic) breaks of the grammar's rules that the record's
+    own validation leaves out: the summary's bound and its script (SUMMARY_SCRIPTS); None when it fits."""
+    if summary_max_chars is not None and len(record.summary) > summary_max_chars:
+        return f"summary over {summary_max_chars} characters"
+    if summary_script and lang in SUMMARY_SCRIPTS:
+        first, rest = SUMMARY_SCRIPTS[lang]
+        if re.fullmatch(f"{first}{rest}*", record.summary) is None:
+            return f"summary not in the {lang} script"
+    return None
+
+
+def needs_repair(finish_reason: str | None, parsed: Parsed) -> bool:
+    """Whether an answer is one to generate again with the repair settings (engine.repair_penalty): cut by
+    max_tokens, or a summary stuck in a loop. Errors of other kinds are not retried: the same prompt would fail the
+    same way."""
+    if finish_reason == "length":
+        return True
+    return parsed.record is not None and looping(parsed.record.summary)
 
 
 def _dedupe_aspects(record: ReviewAnalysis) -> ReviewAnalysis:

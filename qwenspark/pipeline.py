@@ -57,10 +57,12 @@ class RunSummary:
     slots: int = 0
     partitions: int = 0
     rows_guarded: int = 0  # reviews the guard cut instructions to the model from (printed; not a job_runs column)
+    rows_repaired: int = 0  # answers generated again with the repair settings (printed; not a job_runs column)
 
     def job_runs_fields(self) -> dict[str, object]:
         """The columns of job_runs this summary fills."""
-        skip = {"run_id", "batch_sizes", "loads_per_worker", "rows_per_engine", "slots", "partitions", "rows_guarded"}
+        skip = {"run_id", "batch_sizes", "loads_per_worker", "rows_per_engine", "slots", "partitions", "rows_guarded",
+                "rows_repaired"}
         return {k: v for k, v in asdict(self).items() if k not in skip}
 
 
@@ -90,6 +92,7 @@ def new_metrics(spark: SparkSession) -> Metrics:
         gpu_bindings=sc.accumulator({}, CounterParam()),
         engine_rows=sc.accumulator({}, CounterParam()),
         guarded=sc.accumulator(0),
+        repaired=sc.accumulator(0),
     )
 
 
@@ -249,6 +252,7 @@ def _run(
             summary.seconds_analyse = time.perf_counter() - t0
             summary.rows_per_engine = dict(metrics.engine_rows.value)
             summary.rows_guarded = int(metrics.guarded.value)
+            summary.rows_repaired = int(metrics.repaired.value)
             summary.loads_per_worker = dict(metrics.engine_loads.value)
             summary.batch_sizes = dict(metrics.batch_sizes.value)
             summary.engine_loads = sum(summary.loads_per_worker.values())

@@ -22,6 +22,7 @@ qwenspark run {s.run_id}: {s.status}
   already current      {s.rows_skipped}  (same text, model and prompt: skipped)
   analysed             {s.rows_analysed}  ({s.rows_ok} ok, {s.rows_error} with an error, {s.rows_truncated} truncated)
   guarded              {s.rows_guarded}  (instructions to the model cut from the review first: prompt.guard)
+  generated again      {s.rows_repaired}  (answers that came back cut or looping, repaired: engine.repair_penalty)
   result rows changed  {s.rows_changed}
   stale, not written   {s.rows_stale}  (a run that read newer input had stored them)
   results purged       {s.rows_purged}  (reviews deleted from {cfg.source.table}; job.purge_deleted)
@@ -75,6 +76,7 @@ def print_eval(r: EvalReport) -> None:
   error rate          {r.error_rate:.3f}
   summary in language {r.summary_in_language_rate:.3f}
   cut or looping      {r.cut_or_looping_rate:.4f}
+  generated again     {r.repaired_rate:.4f} (cut or looping the first time: engine.repair_penalty)
   tokens out / review {r.mean_tokens_out:.1f} (p10/p50/p90 {spread})
   rows/s              {r.rows_per_s:.2f}
   gen tokens/s        {r.gen_tokens_per_s:.1f}
@@ -87,7 +89,8 @@ def print_eval(r: EvalReport) -> None:
 _COMPARED: list[tuple[str, tuple[str, ...]]] = [
     ("rows", ("rows",)), ("accuracy", ("accuracy",)), ("macro-F1", ("macro_f1",)),
     ("schema-valid", ("schema_valid_rate",)), ("summary in language", ("summary_in_language_rate",)),
-    ("cut or looping", ("cut_or_looping_rate",)), ("tokens out / review", ("mean_tokens_out",)),
+    ("cut or looping", ("cut_or_looping_rate",)), ("generated again", ("repaired_rate",)),
+    ("tokens out / review", ("mean_tokens_out",)),
     ("rows/s", ("rows_per_s",))]
 
 

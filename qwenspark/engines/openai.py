@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from qwenspark.config import EngineConfig
-from qwenspark.engines.base import Completion, Message
+from qwenspark.engines.base import Completion, Message, Retry, attempt_settings
 from qwenspark.errors import ConfigError, EngineError
 from qwenspark.parse import answer_schemas
 
@@ -146,6 +146,7 @@ class OpenAIEngine:
         self._body: dict[str, Any] = {
             "model": cfg.model,
             "temperature": cfg.temperature,
+            "frequency_penalty": cfg.frequency_penalty,
             "seed": cfg.seed,
             "max_tokens": cfg.max_tokens,
         }
@@ -181,7 +182,8 @@ class OpenAIEngine:
         return str(self._tokenizer.decode(list(ids)))
 
     def generate(
-        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None, *,
+        retry: Retry | None = None,
     ) -> list[Completion]:
         """One completion per conversation, in order; raises EngineError if the server or the setup failed."""
         if self._closed.is_set():
@@ -191,8 +193,8 @@ class OpenAIEngine:
             self._calls.add(call)
         try:
             # map() keeps the input order; the pool's size is the bound on requests in flight.
-            results = list(self._pool.map(partial(self._request, call), range(len(conversations)), conversations,
-                                         langs or [None] * len(conversations)))
+            results = list(self._pool.map(partial(self._request, call, retry), range(len(conversations)),
+                                          conversations, langs or [None] * len(conversations)))
         except CancelledError as exc:  # close() dropped the requests still queued
             raise EngineError("openai engine was closed during the call") from exc
         finally:
@@ -205,10 +207,13 @@ class OpenAIEngine:
             raise EngineError("openai engine: requests left unanswered")
         return done
 
-    def _request(self, call: _Call, index: int, conversation: Sequence[Message], lang: str | None) -> Completion | None:
+    def _request(self, call: _Call, retry: Retry | None, index: int, conversation: Sequence[Message],
+                 lang: str | None) -> Completion | None:
         """One conversation through the retry loop: its completion (or row error), or None once the call failed."""
-        body = {**self._body, "messages": list(conversation)}
-        if self._formats:
+        cfg = self._cfg
+        guided, penalty = attempt_settings(cfg.optimistic, cfg.frequency_penalty, cfg.repair_penalty, retry)
+        body = {**self._body, "messages": list(conversation), "frequency_penalty": penalty}
+        if self._formats and guided:
             body["response_format"] = self._formats.get(lang, self._formats[None])
         attempt = 0
         while not call.abort.is_set():

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from qwenspark.config import EngineConfig
-from qwenspark.engines.base import Completion, Message, resolve_dtype
+from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, resolve_dtype
 from qwenspark.errors import EngineError
 from qwenspark.parse import answer_schemas
 
@@ -71,7 +71,8 @@ class TransformersEngine:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
 
     def generate(
-        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None, *,
+        retry: Retry | None = None,
     ) -> list[Completion]:
         import xgrammar.contrib.hf as xgr_hf
 
@@ -88,11 +89,18 @@ class TransformersEngine:
         if self._cfg.temperature > 0:
             kwargs["temperature"] = self._cfg.temperature
             torch.manual_seed(self._cfg.seed)
-        if self._grammars:
+        processors: list[Any] = []
+        cfg = self._cfg
+        guided, penalty = attempt_settings(cfg.optimistic, cfg.frequency_penalty, cfg.repair_penalty, retry)
+        if penalty:
+            processors.append(_FrequencyPenalty(penalty, enc["input_ids"].shape[1]))
+        if self._grammars and guided:
             # The processor keeps one matcher per row and is single-use: a new one per call.
             grammars = [self._grammars.get(None if langs is None else langs[j], self._grammars[None])
                         for j in range(len(prompts))]
-            kwargs["logits_processor"] = [xgr_hf.LogitsProcessor(grammars)]
+            processors.append(xgr_hf.LogitsProcessor(grammars))
+        if processors:
+            kwargs["logits_processor"] = processors
         with torch.inference_mode():
             out = self._model.generate(**enc, **kwargs)
         width = enc["input_ids"].shape[1]
@@ -120,3 +128,18 @@ class TransformersEngine:
         import gc
 
         gc.collect()
+
+
+class _FrequencyPenalty:
+    """vLLM's and OpenAI's frequency penalty for transformers: each logit minus penalty x the times the answer so far
+    holds that token (the prompt does not count)."""
+
+    def __init__(self, penalty: float, prompt_width: int) -> None:
+        self.penalty, self.width = penalty, prompt_width
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        generated = input_ids[:, self.width :]
+        if generated.shape[1] == 0:
+            return scores
+        counts = scores.new_zeros(scores.shape).scatter_add_(1, generated, scores.new_ones(generated.shape))
+        return scores - self.penalty * counts

@@ -10,7 +10,7 @@ from typing import Any
 
 from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
-from qwenspark.engines.base import Completion, Message, resolve_dtype
+from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, resolve_dtype
 from qwenspark.errors import EngineError, RequestError
 from qwenspark.parse import answer_schemas
 
@@ -92,17 +92,20 @@ class VllmEngine:
         self._tokenizer = self._llm.get_tokenizer()
         self._client_errors = _client_errors()
         self._ids = itertools.count()
-        # One set of sampling settings per grammar: by review language when the summary's script is constrained.
-        self._params = {
-            lang: SamplingParams(
-                temperature=cfg.temperature,
-                seed=cfg.seed,
-                max_tokens=cfg.max_tokens,
-                logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
-                structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided else None,
-            )
-            for lang, schema in answer_schemas(cfg).items()
-        }
+        # One set of sampling settings per grammar (by review language when the summary's script is constrained)
+        # and attempt (the first, and the retries: engines.base.attempt_settings).
+        self._params = {}
+        for lang, schema in answer_schemas(cfg).items():
+            for retry in (None, "grammar", "penalty"):
+                guided, penalty = attempt_settings(cfg.optimistic, cfg.frequency_penalty, cfg.repair_penalty, retry)
+                self._params[lang, retry] = SamplingParams(
+                    temperature=cfg.temperature,
+                    frequency_penalty=penalty,
+                    seed=cfg.seed,
+                    max_tokens=cfg.max_tokens,
+                    logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
+                    structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided and guided else None,
+                )
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
@@ -114,27 +117,28 @@ class VllmEngine:
         """The prompt text of a conversation under the model's chat template."""
         return str(self._tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True))
 
-    def params(self, lang: str | None) -> Any:
-        """The sampling settings for a review in lang (its own grammar where there is one)."""
-        return self._params.get(lang, self._params[None])
+    def params(self, lang: str | None, retry: Retry | None = None) -> Any:
+        """The sampling settings for a review in lang (its own grammar where there is one) and attempt."""
+        return self._params.get((lang, retry), self._params[None, retry])
 
     def generate(
-        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None, *,
+        retry: Retry | None = None,
     ) -> list[Completion]:
         prompts = [self.render(c) for c in conversations]
-        params = [self.params(None if langs is None else langs[j]) for j in range(len(prompts))]
+        params = [self.params(None if langs is None else langs[j], retry) for j in range(len(prompts))]
         try:
             outputs = self._llm.generate(prompts, params, use_tqdm=False)
         except self._client_errors as exc:
             raise RequestError(str(exc)) from exc
         return [_completion(out) for out in outputs]
 
-    def submit(self, conversation: Sequence[Message], lang: str | None = None) -> str:
+    def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: Retry | None = None) -> str:
         # The engine under vllm.LLM: add requests and step it ourselves, so new requests join the running
         # batch while older ones decode (LLM.generate would wait for its whole batch to finish).
         request_id = str(next(self._ids))
         try:
-            self._llm.llm_engine.add_request(request_id, self.render(conversation), self.params(lang))
+            self._llm.llm_engine.add_request(request_id, self.render(conversation), self.params(lang, retry))
         except self._client_errors as exc:
             raise RequestError(str(exc)) from exc
         return request_id

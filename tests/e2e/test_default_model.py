@@ -16,13 +16,22 @@ from tests.conftest import DEV_CSV, ROOT
 pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 
 
+# The default prompt version's label head (v10) was fitted on every dev row outside the held-out report sample, so
+# the rows here come from that sample (600 rows, seed 11, drawn after the 120-row choosing sample of seed 3): the
+# first 12 of each language. On them v10 labelled 20 of 24 right (0.833), v1 18 (0.750); the floor lets one more
+# label differ (decoding in another batch can move a close one) and fails v1's labels.
+FLOOR = 19 / 24
+
+
 def test_default_model_labels_real_reviews(spark: SparkSession, dev_reviews: pd.DataFrame) -> None:
     cfg = prepare_model(load_config(ROOT / "conf" / "local.yaml", ["engine.batch_size=24"]))
     assert Path(cfg.engine.model).is_dir()
-    labelled = load_labelled(DEV_CSV, limit=24, seed=0)
+    held_out = load_labelled(DEV_CSV, limit=600, seed=11, exclude=[(120, 3)])
+    labelled = held_out.groupby("lang", sort=True).head(12).reset_index(drop=True)
     assert labelled["lang"].value_counts().to_dict() == {"zh": 12, "en": 12}
     report = run_eval(spark, cfg, labelled)
     print(report)
     assert report.rows == 24
     assert report.schema_valid_rate == 1.0, report
-    assert report.accuracy >= 0.75, report
+    assert report.summary_in_language_rate == 1.0, report
+    assert report.accuracy >= FLOOR, report

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from qwenspark.config import EngineConfig
 from qwenspark.engines import build_engine
 from qwenspark.parse import parse_completion
 from qwenspark.prompts import get_template
+from qwenspark.schemas import CLEAN_SCHEMA
 from qwenspark.scoring import in_language
 from tests.conftest import SAMPLE_REVIEWS
 
@@ -68,3 +70,35 @@ def test_summary_script_writes_each_summary_in_its_reviews_language(kind: str, v
         parsed = parse_completion(done.text, done.finish_reason, template.aspect_map)
         assert parsed.record is not None, parsed.error
         assert in_language(parsed.record.summary, lang), (lang, parsed.record.summary)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "transformers"])
+def test_optimistic_decoding_ends_with_every_answer_fitting_the_grammar(kind: str, tiny_model: Path) -> None:
+    # v11 writes each answer without the grammar first. A random model then writes no JSON at all, so every row is
+    # generated again with the grammar (the worst case of the fallback): still one valid answer per row, each summary
+    # in its review's script, and the retry counted per row.
+    from qwenspark.analyze import AnalyzeSpec, PreparedBatch, templated
+    from tests.unit.test_label_head import POSITIVE
+
+    reviews = [(text, lang) for text, lang in SAMPLE_REVIEWS if lang in ("zh", "en")] + [(POSITIVE["zh"], "zh")]
+    spec = AnalyzeSpec(engine=_cfg(kind, tiny_model), prompt_version="v11", max_review_tokens=500)
+    engine = build_engine(templated(spec.engine, "v11"))
+    chunk = pd.DataFrame(
+        {"review_id": range(len(reviews)), "hotel_id": "h", "created_at": None, "lang": [g for _, g in reviews],
+         "text": [t for t, _ in reviews], "input_key": "k", "clean_error": None},
+        columns=CLEAN_SCHEMA.fieldNames(),
+    )
+    try:
+        first = engine.generate([get_template("v11").messages(t, g) for t, g in reviews], [g for _, g in reviews])
+        batch = PreparedBatch(engine, chunk, spec)
+        out = batch.run_sync(engine)
+    finally:
+        engine.close()
+    assert sum(parse_completion(d.text, d.finish_reason, True).record is not None for d in first) < len(reviews), \
+        "unguided, the random model's answers do not all parse (else this test shows nothing)"
+    assert len(out) == len(reviews) and out["review_id"].tolist() == list(range(len(reviews)))
+    assert out["error"].isna().all() and out["sentiment"].notna().all(), out["error"].tolist()
+    assert all(in_language(s, g) for s, (_, g) in zip(out["summary"], reviews, strict=True))
+    # Retried with the grammar: "grammar" for answers that ended unfit, "penalty" (the grammar and the repair
+    # penalty) for those that ran to max_tokens, as a random model's unguided text mostly does.
+    assert len(batch.repaired) >= len(reviews) - 1 and set(batch.repaired.values()) <= {"grammar", "penalty"}

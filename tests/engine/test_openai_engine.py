@@ -184,6 +184,21 @@ def test_each_request_gets_its_languages_schema_with_summary_script(stub: Stub) 
     assert got == want
 
 
+def test_attempts_optimistic_first_without_the_schema_and_retries_with_it(stub: Stub) -> None:
+    engine = _engine(stub.url, optimistic=True, repair_penalty=1.0, frequency_penalty=0.0)
+    try:
+        engine.generate([CONVERSATION])
+        engine.generate([CONVERSATION], retry="grammar")
+        engine.generate([CONVERSATION], retry="penalty")
+    finally:
+        engine.close()
+    first, grammar, penalty = (body for _, body in stub.requests)
+    assert "response_format" not in first and first["frequency_penalty"] == 0.0
+    assert grammar["response_format"]["json_schema"]["schema"] == json_schema()
+    assert grammar["frequency_penalty"] == 0.0
+    assert penalty["response_format"] == grammar["response_format"] and penalty["frequency_penalty"] == 1.0
+
+
 def test_429_twice_then_ok_is_retried_and_honours_retry_after(stub: Stub) -> None:
     stub.script = lambda n, body: (
         (429, {"Retry-After": "0.2"}, _error_body("slow down")) if n <= 2 else (200, {}, OK_BODY)

@@ -39,3 +39,5 @@ def test_nothing_means_the_embedded_cpu_default_under_the_cache(monkeypatch: pyt
     assert cfg.engine.kind == "vllm" and cfg.engine.default_model is True
     assert cfg.engine.model == str(tmp_path / "models" / "qwen2.5-coder-0.5b-instruct")
     assert cfg.engine.env["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm")
+    local = load_config(Path(__file__).parents[2] / "conf" / "local.yaml")
+    assert cfg.prompt.version == local.prompt.version, "the API's default prompt is the job's, for the same model"

@@ -171,6 +171,11 @@ def test_wheel_contents(wheel: Path) -> None:
     assert {f"{static}index.html", f"{static}dashboard.js", f"{static}dashboard.css",
             f"{static}vendor/echarts-6.1.0.min.js", f"{static}vendor/ECHARTS-LICENSE",
             f"{static}vendor/ECHARTS-NOTICE"} <= names
+    # Every prompt version's label head travels with the package (executors read it from there).
+    from qwenspark.prompts import TEMPLATES as PROMPTS
+
+    heads = {f"qwenspark/heads/{t.label_head}.npz" for t in PROMPTS.values() if t.label_head}
+    assert heads and heads <= names
     assert not [n for n in names if "tiny" in n or n.startswith("tests/")], "test support code in the wheel"
     metadata = next(n for n in names if n.endswith(".dist-info/METADATA"))
     requires = [
