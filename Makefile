@@ -12,12 +12,13 @@ JAR     := /usr/share/java/mariadb-java-client.jar
 NOISE   := ^\(|^\[W|^WARNING|^Using Spark|^Setting default|^To adjust|^[0-9/]+ [0-9:]+ (WARN|INFO)|Warning|warn\(|wrapper = |if hasattr|^Loading safetensors|^$$|^Triton
 APT_PKGS := mariadb-server mariadb-client libmariadb-java
 
-.PHONY: demo stream dashboard test deps browser venv db db-stop model lint sql bench clean help
+.PHONY: demo stream dashboard serve test deps browser venv db db-stop model lint sql bench clean help
 
 help:
 	@echo "make demo   - run the batch job on the demo reviews (installs and starts what it needs)"
 	@echo "make stream - run the streaming job on the demo database (Ctrl-C stops it; a restart resumes)"
 	@echo "make dashboard - serve the web dashboard on the demo database: http://127.0.0.1:8050"
+	@echo "make serve  - analyse reviews on request: POST http://127.0.0.1:8060/v1/analyze (Ctrl-C stops it)"
 	@echo "make test   - lint, type-check and run the tests"
 	@echo "make sql Q='SELECT ...' - query the demo database;  make db-stop - stop it"
 
@@ -33,10 +34,10 @@ deps:
 
 venv: $(VENV_OK)
 $(VENV_OK): pyproject.toml
-	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev,delta,dashboard] (first time: about 2-3 min, 4.5 GB)"
+	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev,delta,dashboard,serve] (first time: about 2-3 min, 4.5 GB)"
 	@test -x $(PY) || python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install --progress-bar on -e ".[cpu,hf,dev,delta,dashboard]" | grep -E "^(Collecting|Installing|Successfully)" || true
+	@$(PY) -m pip install --progress-bar on -e ".[cpu,hf,dev,delta,dashboard,serve]" | grep -E "^(Collecting|Installing|Successfully)" || true
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside CPU torch.
 	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@$(PY) -c "import vllm, pyspark; print('[venv] vllm', vllm.__version__, '/ pyspark', pyspark.__version__)"
@@ -75,6 +76,11 @@ stream: deps venv db model
 	@set -o pipefail; .venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
 	  --conf spark.ui.showConsoleProgress=false --driver-java-options -Duser.timezone=UTC jobs/hotel_sentiment_stream.py \
 	  --config conf/local.yaml 2>&1 | tee .run/stream-job.log | grep --line-buffered -vE '$(NOISE)'
+
+serve: venv model
+	@echo "[serve] http://127.0.0.1:8060  try: curl -s localhost:8060/v1/analyze -d '{\"text\": \"Lovely staff, noisy street.\"}'"
+	@echo "[serve] label first: add ?stream=true; metrics: /metrics; Ctrl-C stops it"
+	@.venv/bin/qwenspark -q serve --config conf/local.yaml
 
 sql: db
 	@scripts/mariadb.sh sql qwenspark --table -e "$(Q)"

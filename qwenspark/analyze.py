@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +19,7 @@ from qwenspark.batching import rechunk, truncate_by_tokens
 from qwenspark.calibrate import calibrated
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
-from qwenspark.engines.base import Completion, Engine, Message, Retry, StreamingEngine
+from qwenspark.engines.base import Completion, Engine, Message, Retry, StreamingEngine, Tokenizing
 from qwenspark.errors import RequestError
 from qwenspark.faults import failpoint
 from qwenspark.guard import strip_directives
@@ -210,7 +211,7 @@ def _worker_logging() -> None:
 class PreparedBatch:
     """One fixed-size batch: prompts built, clean errors kept, result slots waiting to be filled."""
 
-    def __init__(self, engine: Engine, chunk: pd.DataFrame, spec: AnalyzeSpec) -> None:
+    def __init__(self, engine: Tokenizing, chunk: pd.DataFrame, spec: AnalyzeSpec) -> None:
         missing = [c for c in EXECUTOR_IN_SCHEMA.fieldNames() if c not in chunk.columns]
         if missing:
             raise ValueError(f"analyze stage: input lacks columns {missing}")
@@ -306,6 +307,18 @@ class PreparedBatch:
             self.aspects[i] = aspects_json(parsed.record)
         return None
 
+    def early_label(self, j: int, text: str, label_logprobs: dict[str, float] | None) -> str | None:
+        """The label conversation j will be stored with, from its answer so far (the label is the answer's first
+        field): None until the label's value has closed. The service sends it before the rest is decoded."""
+        found = _EARLY_LABEL.match(text)
+        if found is None:
+            return None
+        i, answer = self.todo[j], found.group(1)
+        if self.head is not None:
+            return self.head.label(answer, label_logprobs, self.texts[i], self.langs[i])
+        bias = self.label_bias.get(self.langs[i]) if self.label_bias else None
+        return calibrated(answer, label_logprobs, bias)
+
     def _retry(self, done: Completion, parsed: Parsed, lang: str) -> Retry | None:
         if self.repairs and needs_repair(done.finish_reason, parsed):
             return "penalty"
@@ -366,6 +379,8 @@ class PreparedBatch:
         return out
 
 
+# The start of a verdict-first answer once its label has closed (guided output has no whitespace).
+_EARLY_LABEL = re.compile(r'\s*\{\s*"sentiment"\s*:\s*"(positive|negative|neutral|mixed)"')
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 

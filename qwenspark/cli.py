@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     _config_args(dash)
     dash.add_argument("--host", help="address to bind (default: dashboard.host, 127.0.0.1)")
     dash.add_argument("--port", type=int, help="TCP port (default: dashboard.port, 8050)")
+    srv = sub.add_parser(
+        "serve", help="analyse reviews on request over HTTP (POST /v1/analyze, /healthz, /metrics) with the job's "
+        "prompt and parsing; serve.store writes the answers through to review_sentiment")
+    _config_args(srv)
+    srv.add_argument("--host", help="address to bind (default: serve.host, 127.0.0.1; any other needs an API key)")
+    srv.add_argument("--port", type=int, help="TCP port (default: serve.port, 8060)")
     _config_args(sub.add_parser(
         "init-db",
         help="as the schema owner (db.admin_user): apply the schema migrations, (re)create the dashboard views, "
@@ -297,6 +303,15 @@ def _dashboard(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
+    from qwenspark.pipeline import prepare_model
+    from qwenspark.serve.app import check_bind, serve
+
+    check_bind(args.host or cfg.serve.host, cfg.serve.api_key())  # before fetching or loading anything
+    serve(prepare_model(cfg), args.host, args.port)
+    return 0
+
+
 def _fetch_model(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     from qwenspark.models.default import DEFAULT, ensure_model, pinned
 
@@ -310,6 +325,7 @@ _COMMANDS = {
     "stream": _stream,
     "eval": _eval,
     "dashboard": _dashboard,
+    "serve": _serve,
     "init-db": _init_db,
     "purge-deleted": _purge_deleted,
     "load-reviews": _load_reviews,

@@ -651,6 +651,35 @@ class DashboardConfig(_Section):
         return value
 
 
+class ServeConfig(_Section):
+    """The online service (`qwenspark serve`): one review analysed on request with the job's prompt and parsing."""
+
+    host: str = Field("127.0.0.1", description="Address to bind. Any address but loopback needs an API key.")
+    port: int = Field(8060, ge=1, le=65535, description="TCP port.")
+    api_key_env: str = Field("QWENSPARK_SERVE_API_KEY", description="Environment variable holding the API key "
+                             "clients send as `Authorization: Bearer KEY` (checked first).")
+    api_key_file: str | None = Field(None, description="File holding the API key (read at start).")
+    max_queue: int = Field(256, ge=1, description="Reviews admitted at once (decoding or waiting for the engine); "
+                           "a request beyond it gets 429 with Retry-After, so memory stays bounded.")
+    max_reviews: int = Field(16, ge=1, le=1000, description="Reviews one request may carry.")
+    max_body_bytes: int = Field(1_000_000, ge=1000, description="Largest request body (413 beyond it).")
+    request_timeout_s: float = Field(30.0, gt=0, description="A request still unanswered after this gets 504.")
+    store: bool = Field(False, description="Upsert each answer into review_sentiment with the batch's input_key (the "
+                        "batch and stream then skip that review), committed as the batch commits (job_runs, "
+                        "aggregates); needs review_id, hotel_id and created_at as in hotel_reviews.")
+    store_flush_s: float = Field(1.0, gt=0, le=60, description="How often stored answers are committed.")
+
+    def api_key(self) -> SecretStr | None:
+        """The API key from api_key_env, else api_key_file; None when neither is set."""
+        value = os.environ.get(self.api_key_env)
+        if not value and self.api_key_file:
+            try:
+                value = Path(self.api_key_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ConfigError(f"serve.api_key_file: cannot read {self.api_key_file}: {exc.strerror}") from None
+        return SecretStr(value) if value else None
+
+
 class QwenSparkConfig(_Section):
     """The whole configuration of a qwenspark job."""
 
@@ -665,6 +694,7 @@ class QwenSparkConfig(_Section):
     delta: DeltaConfig = Field(default_factory=DeltaConfig, description="Optional Delta Lake copy of the results.")
     stream: StreamConfig = Field(default_factory=StreamConfig, description="Structured Streaming job.")
     dashboard: DashboardConfig = Field(default_factory=DashboardConfig, description="Web dashboard.")
+    serve: ServeConfig = Field(default_factory=ServeConfig, description="Online service.")
 
     def config_hash(self) -> str:
         """Hash of everything that shapes results (recorded in job_runs); holds no secret."""
@@ -672,7 +702,7 @@ class QwenSparkConfig(_Section):
         secrets = {"password_file", "admin_password_file", "dashboard_user", "dashboard_password_env",
                    "dashboard_password_file"}
         payload = self.model_dump(
-            mode="json", exclude={"spark": True, "stream": True, "dashboard": True, "db": secrets})
+            mode="json", exclude={"spark": True, "stream": True, "dashboard": True, "serve": True, "db": secrets})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -62,6 +62,20 @@ class Completion:
     label_logprobs: dict[str, float] | None = None
 
 
+class Tokenizing(Protocol):
+    """What building prompts needs of a model: its name and tokenizer (the review's token cap)."""
+
+    model_name: str
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text (no special tokens)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids."""
+        ...
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A loaded model that turns chat conversations into completions, one per conversation, in order.

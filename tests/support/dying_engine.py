@@ -20,12 +20,13 @@ class DyingEngine(EchoEngine):
         self.marker = Path(str(cfg.engine_kwargs["die_marker"]))
 
     def generate(
-        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None, *,
+        retry: str | None = None,
     ) -> list[Completion]:
         try:
             fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            return super().generate(conversations)
+            return super().generate(conversations, langs, retry=retry)
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
         os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would: no cleanup, no exception

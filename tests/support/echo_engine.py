@@ -114,7 +114,8 @@ class EchoEngine:
         return "".join(chr(i) for i in ids)
 
     def generate(
-        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None
+        self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None, *,
+        retry: str | None = None,
     ) -> list[Completion]:
         if self.down:
             self._record(event="down", rows=len(conversations), **task_fields())
@@ -146,7 +147,7 @@ class EchoEngine:
         self._record(event="call", start=started, end=time.time(), rows=len(out),
                      keys=[hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest()[:12] for t in texts],
                      no_content=sum(not has_content(t) for t in texts), unframed=unframed,
-                     langs=list(langs) if langs is not None else None,
+                     langs=list(langs) if langs is not None else None, retry=retry,
                      **task_fields())
         return out
 

@@ -1,0 +1,181 @@
+"""Latency of `qwenspark serve` under load: time to the label and to the whole answer, P50/P90/P99.
+
+    .venv/bin/python bench/serve_latency.py [--clients 1,4] [--rate 2] [--requests 40] [--duration 120]
+        [--config conf/local.yaml] [--set KEY=VALUE ...] [--json-out bench/results/serve_latency_cpu.json]
+
+Starts the service as its own process (`qwenspark serve`, the configured engine; the embedded 0.5B on this CPU),
+waits for /healthz, then sends real dev reviews (../shared/data/hotel_reviews, half zh, half en, seeded) as
+`POST /v1/analyze?stream=true`, one review per request, and reads each response line by line: the first line is the
+label, the last the answer. Two kinds of load, each bounded by --requests and --duration:
+  --clients N  closed loop: N clients, each sending its next request when the last one ended;
+  --rate R     open loop: request i is due at i / R seconds, sent then whatever is in flight, and its latency is
+               measured from that intended time (so a server that falls behind shows it, instead of slowing the
+               load down with it).
+Prints one line per load and writes the JSON (latencies in ms, requests by status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+DEV = ROOT.parent / "shared" / "data" / "hotel_reviews" / "reviews_dev.csv"
+
+
+def reviews(n: int, seed: int = 7) -> list[dict[str, Any]]:
+    """n dev reviews, half zh, half en, as request bodies."""
+    rows = pd.read_csv(DEV, dtype=str, keep_default_na=False)
+    rows = rows[rows["text"].str.strip() != ""]
+    half = [rows[rows["lang"] == lang].sample(n, replace=True, random_state=seed) for lang in ("zh", "en")]
+    mixed = pd.concat(half).sample(frac=1.0, random_state=seed).head(n)
+    return [{"text": t, "lang": lang} for t, lang in zip(mixed["text"], mixed["lang"], strict=True)]
+
+
+async def one(client: httpx.AsyncClient, body: dict[str, Any], due: float) -> dict[str, Any]:
+    """One streamed request; latencies from `due` (the intended send time)."""
+    label = full = None
+    status = 0
+    try:
+        async with client.stream("POST", "/v1/analyze?stream=true", json=body) as response:
+            status = response.status_code
+            async for line in response.aiter_lines():
+                if not line:
+                    continue
+                now = time.perf_counter()
+                event = json.loads(line)
+                if "sentiment" in event and label is None:
+                    label = now - due
+                if "result" in event:
+                    full = now - due
+                    label = full if label is None else label
+                if "error" in event:
+                    status = 599
+    except httpx.HTTPError:
+        status = 598
+    return {"status": status, "label_s": label, "full_s": full}
+
+
+async def closed_loop(client: httpx.AsyncClient, bodies: list[dict[str, Any]], clients: int,
+                      duration: float) -> list[dict[str, Any]]:
+    queue = list(reversed(bodies))
+    end = time.perf_counter() + duration
+    results: list[dict[str, Any]] = []
+
+    async def worker() -> None:
+        while queue and time.perf_counter() < end:
+            body = queue.pop()
+            results.append(await one(client, body, time.perf_counter()))
+
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    return results
+
+
+async def open_loop(client: httpx.AsyncClient, bodies: list[dict[str, Any]], rate: float,
+                    duration: float) -> list[dict[str, Any]]:
+    start = time.perf_counter()
+    tasks = []
+    for i, body in enumerate(bodies):
+        due = start + i / rate
+        if due - start > duration:
+            break
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(client, body, due)))
+    return list(await asyncio.gather(*tasks))
+
+
+def summary(name: str, results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    ok = [r for r in results if r["status"] == 200 and r["full_s"] is not None]
+    statuses: dict[str, int] = {}
+    for r in results:
+        statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
+
+    def pct(values: list[float], q: float) -> float | None:
+        if not values:
+            return None
+        values = sorted(values)
+        return round(1000 * values[min(len(values) - 1, round(q * (len(values) - 1)))], 1)
+
+    figures: dict[str, Any] = {"load": name, "requests": len(results), "ok": len(ok), "statuses": statuses,
+                               "seconds": round(seconds, 1), "answers_per_s": round(len(ok) / seconds, 2)}
+    for key in ("label_s", "full_s"):
+        values = [r[key] for r in ok]
+        figures[key.replace("_s", "_ms")] = {f"p{int(q * 100)}": pct(values, q) for q in (0.5, 0.9, 0.99)} | {
+            "mean": round(1000 * statistics.fmean(values), 1) if values else None}
+    return figures
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "conf" / "local.yaml"))
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--clients", default="1,4", help="closed-loop client counts, comma separated ('' for none)")
+    p.add_argument("--rate", type=float, action="append", default=[], help="open-loop requests/s (repeatable)")
+    p.add_argument("--requests", type=int, default=40, help="requests per load at most")
+    p.add_argument("--duration", type=float, default=120.0, help="seconds per load at most")
+    p.add_argument("--json-out", type=Path)
+    args = p.parse_args()
+    port = free_port()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    cmd = [sys.executable, "-m", "qwenspark.cli", "serve", "--config", args.config, "--port", str(port),
+           *(f"--set={s}" for s in args.overrides)]
+    server = subprocess.Popen(cmd, cwd=ROOT, env=env)
+    figures: dict[str, Any] = {"config": args.config, "overrides": args.overrides, "loads": []}
+    try:
+        asyncio.run(run_loads(args, port, figures))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any]) -> None:
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
+        deadline = time.perf_counter() + 600
+        while True:  # the model loads first
+            try:
+                health = (await client.get("/healthz")).json()
+                break
+            except httpx.HTTPError:
+                if time.perf_counter() > deadline:
+                    raise
+                await asyncio.sleep(1)
+        figures["model"], figures["prompt_version"] = health["model"], health["prompt_version"]
+        await one(client, reviews(1, seed=1)[0], time.perf_counter())  # warm: prefix cache, grammar compile
+        loads: list[tuple[str, Any]] = [(f"clients={c}", int(c)) for c in filter(None, args.clients.split(","))]
+        loads += [(f"rate={r}/s", r) for r in args.rate]
+        for name, value in loads:
+            bodies = reviews(args.requests)
+            t0 = time.perf_counter()
+            if name.startswith("clients"):
+                results = await closed_loop(client, bodies, value, args.duration)
+            else:
+                results = await open_loop(client, bodies, value, args.duration)
+            row = summary(name, results, time.perf_counter() - t0)
+            figures["loads"].append(row)
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The service's engine: one conversation in, its answer as it grows out (the label first), on vLLM's AsyncLLM or,
+for any other engine.kind, the job's own engine in worker threads."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from qwenspark.config import EngineConfig
+from qwenspark.engines.base import Completion, Engine, Message, Retry
+from qwenspark.errors import EngineError, RequestError
+
+log = logging.getLogger("qwenspark.serve")
+
+
+@dataclass(frozen=True)
+class Partial:
+    """The answer so far; done holds the whole completion on the last one."""
+
+    text: str
+    label_logprobs: dict[str, float] | None = None  # once the sentiment has started (engines that report them)
+    done: Completion | None = None
+
+
+class ServeEngine(Protocol):
+    """What the service needs of an engine: its tokenizer (the review's token cap) and a stream per request."""
+
+    model_name: str
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text (no special tokens)."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of token ids."""
+        ...
+
+    def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None
+               ) -> AsyncIterator[Partial]:
+        """The answer to one conversation as it grows; the last Partial has done set. Cancelling the iteration
+        drops the request from the engine."""
+        ...
+
+    async def close(self) -> None:
+        """Release the model."""
+        ...
+
+
+class AsyncVllm:
+    """vLLM's AsyncLLM (its public async API): concurrent requests join one continuous batch; each prompt is handed
+    over as token ids (TokensPrompt), tokenised once here."""
+
+    def __init__(self, llm: Any, tokenizer: Any, params: dict[tuple[str | None, Retry | None], Any],
+                 model: str) -> None:
+        self._llm, self._tokenizer, self._params, self.model_name = llm, tokenizer, params, model
+        self._ids = itertools.count()
+
+    @classmethod
+    async def start(cls, cfg: EngineConfig) -> AsyncVllm:
+        """Load the model (in vLLM's engine-core process) for cfg, set as templated() sets it for the prompt."""
+        from qwenspark.engines.vllm import apply_env, engine_kwargs, import_vllm, sampling_params
+
+        apply_env(cfg)
+        import_vllm()
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=cfg.model, disable_log_stats=True,
+                                                        **engine_kwargs(cfg)))
+        tokenizer = llm.get_tokenizer()
+        if inspect.isawaitable(tokenizer):  # older releases: a coroutine
+            tokenizer = await tokenizer
+        return cls(llm, tokenizer, sampling_params(cfg), cfg.model)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(ids)))
+
+    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None
+                     ) -> AsyncIterator[Partial]:
+        from vllm.inputs import TokensPrompt
+
+        from qwenspark.engines.vllm import _completion, _label_logprobs
+
+        text = self._tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
+        ids = self.encode(str(text))  # tokenised once, here: vLLM takes the ids as they are
+        params = self._params.get((lang, retry), self._params[None, retry])
+        try:
+            # AsyncLLM aborts the request itself when this iteration is cancelled (a client gone, a timeout).
+            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids), params,
+                                                f"serve-{next(self._ids)}"):
+                best = out.outputs[0]
+                yield Partial(best.text, _label_logprobs(best) if best.logprobs else None,
+                              _completion(out) if out.finished else None)
+        except ValueError as exc:  # vLLM's validation of this request (a prompt longer than the context)
+            raise RequestError(str(exc)) from exc
+        except Exception as exc:  # the engine core failed or died: the service answers 503, never error rows
+            log.exception("serve: the engine failed")
+            raise EngineError(f"vllm: {type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+            del llm  # now, while the interpreter is whole: vLLM's __del__ shuts down again and needs its modules
+
+
+class Threaded:
+    """Any job engine (openai, transformers, custom) behind the service: each request is one generate() in a worker
+    thread; the label comes with the whole answer. Engines that are not thread-safe run one request at a time."""
+
+    def __init__(self, engine: Engine, *, concurrent: bool) -> None:
+        self._engine, self.model_name = engine, engine.model_name
+        self._lock = None if concurrent else threading.Lock()
+
+    def encode(self, text: str) -> list[int]:
+        return self._engine.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._engine.decode(ids)
+
+    def _generate(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None) -> Completion:
+        options = {"retry": retry} if retry is not None else {}
+        if self._lock is None:
+            return self._engine.generate([conversation], [lang or ""], **options)[0]
+        with self._lock:
+            return self._engine.generate([conversation], [lang or ""], **options)[0]
+
+    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None
+                     ) -> AsyncIterator[Partial]:
+        done = await asyncio.to_thread(self._generate, conversation, lang, retry)
+        yield Partial(done.text, done.label_logprobs, done)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._engine.close)
+
+
+async def start_engine(cfg: EngineConfig) -> ServeEngine:
+    """The service's engine for cfg (already templated for the prompt version)."""
+    if cfg.kind == "vllm":
+        return await AsyncVllm.start(cfg)
+    from qwenspark.engines import build_engine
+
+    engine = await asyncio.to_thread(build_engine, cfg)
+    return Threaded(engine, concurrent=cfg.kind == "openai")

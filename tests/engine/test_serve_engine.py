@@ -1,0 +1,79 @@
+"""The service over a real socket with the tiny random Qwen3 through vLLM's AsyncLLM: concurrent requests each get a
+valid answer of the job's form, and the label line reaches the client before the rest of the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from qwenspark.analyze import templated
+from qwenspark.config import validate_config
+from qwenspark.scoring import in_language
+from qwenspark.serve.app import Service, create_app
+from qwenspark.serve.engine import AsyncVllm
+from tests.conftest import SAMPLE_REVIEWS
+
+pytestmark = pytest.mark.engine
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_concurrent_requests_and_the_label_first_stream_over_a_socket(tiny_model: Path) -> None:
+    cfg = validate_config({
+        "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 160, "max_model_len": 2048,
+                   "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+        "prompt": {"version": "v10"}, "serve": {"max_queue": 64},
+    })
+    port = _port()
+
+    async def go() -> tuple[list[httpx.Response], list[tuple[float, dict[str, Any]]]]:
+        engine = await AsyncVllm.start(templated(cfg.engine, "v10"))
+        server = uvicorn.Server(uvicorn.Config(create_app(Service(cfg, engine)), host="127.0.0.1", port=port,
+                                               log_level="warning"))
+        serving = asyncio.create_task(server.serve())
+        try:
+            while not server.started:
+                await asyncio.sleep(0.05)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+                posts = [client.post("/v1/analyze", json={"text": text, "lang": lang, "review_id": i})
+                         for i, (text, lang) in enumerate(SAMPLE_REVIEWS * 2)]
+                answers = list(await asyncio.gather(*posts))
+                lines: list[tuple[float, dict[str, Any]]] = []
+                started = time.perf_counter()
+                async with client.stream("POST", "/v1/analyze?stream=true",
+                                         json={"text": SAMPLE_REVIEWS[0][0], "lang": "zh"}) as response:
+                    async for line in response.aiter_lines():
+                        if line:
+                            lines.append((time.perf_counter() - started, json.loads(line)))
+                metrics = (await client.get("/metrics")).text
+        finally:
+            server.should_exit = True
+            await serving
+            await engine.close()
+        assert 'qwenspark_serve_requests_total{code="200"} 13.0' in metrics
+        return answers, lines
+
+    answers, lines = asyncio.run(go())
+    for i, response in enumerate(answers):
+        assert response.status_code == 200, response.text
+        [result] = response.json()["results"]
+        lang = (SAMPLE_REVIEWS * 2)[i][1]
+        assert result["review_id"] == i and result["error"] is None, result
+        assert result["sentiment"] in ("positive", "negative", "neutral", "mixed")
+        assert in_language(result["summary"], lang), result  # v10's grammar, per request's language
+        assert result["prompt_version"] == "v10" and result["tokens_out"] > 0
+    (t_label, label), (t_result, result) = lines
+    assert set(label) == {"index", "sentiment", "label_ms"} and result["result"]["sentiment"] == label["sentiment"]
+    assert t_label < t_result, "the label line arrived before the answer's end"
