@@ -96,6 +96,9 @@ def _review(item: object, n: int) -> Review:
     text, lang, hotel, rid, created = (item.get(k) for k in ("text", "lang", "hotel_id", "review_id", "created_at"))
     if not isinstance(text, str):
         raise Refused(400, f"{where}.text: a string is required")
+    for name, value in (("text", text), ("lang", lang), ("hotel_id", hotel)):
+        if isinstance(value, str) and not _unicode(value):
+            raise Refused(400, f"{where}.{name}: not valid Unicode (a lone surrogate such as \\ud800)")
     if lang is not None and not isinstance(lang, str):
         raise Refused(400, f"{where}.lang: a string or null")
     if hotel is not None and (not isinstance(hotel, str) or len(hotel) > HOTEL_ID_MAX_CHARS):
@@ -103,6 +106,28 @@ def _review(item: object, n: int) -> Review:
     if rid is not None and (isinstance(rid, bool) or not isinstance(rid, int) or not _INT64[0] <= rid <= _INT64[1]):
         raise Refused(400, f"{where}.review_id: a 64-bit integer or null")
     return Review(text, lang, hotel, rid, _timestamp(created, f"{where}.created_at"))
+
+
+def _unicode(value: str) -> bool:
+    """False for a string JSON's \\uXXXX escapes gave a lone surrogate: no UTF-8 for it, so nothing can store it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it passes limit bytes: a huge body is never held in memory."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Refused(413, f"body larger than {limit} bytes (serve.max_body_bytes)")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Refused(413, f"body larger than {limit} bytes (serve.max_body_bytes)")
+    return bytes(body)
 
 
 def _timestamp(value: object, where: str) -> datetime | None:
@@ -303,9 +328,7 @@ def create_app(service: Service, *, on_close: Callable[[], Awaitable[None]] | No
         stream = request.query_params.get("stream", "").lower() in ("1", "true", "yes")
         try:
             service.authorise(request)
-            body = await request.body()
-            if len(body) > service.cfg.serve.max_body_bytes:
-                raise Refused(413, f"body larger than {service.cfg.serve.max_body_bytes} bytes (serve.max_body_bytes)")
+            body = await read_body(request, service.cfg.serve.max_body_bytes)
             batch = service.prepare(read_reviews(body, service.cfg.serve.max_reviews))
             service.admit(len(batch.todo))
         except Refused as exc:

@@ -71,8 +71,12 @@ class AsyncVllm:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=cfg.model, disable_log_stats=True,
-                                                        **engine_kwargs(cfg)))
+        kwargs = engine_kwargs(cfg)
+        if isinstance(kwargs.get("structured_outputs_config"), dict):  # vllm.LLM converts this dict; the args do not
+            from vllm.config import StructuredOutputsConfig
+
+            kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
+        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=cfg.model, disable_log_stats=True, **kwargs))
         tokenizer = llm.get_tokenizer()
         if inspect.isawaitable(tokenizer):  # older releases: a coroutine
             tokenizer = await tokenizer

@@ -174,9 +174,11 @@ def test_a_body_that_is_not_utf8_or_json_or_too_large_gets_its_reason() -> None:
         async with _client(service) as client:
             return [await client.post("/v1/analyze", content=b'{"text": "caf\xe9"}'),
                     await client.post("/v1/analyze", content=b"{text"),
-                    await client.post("/v1/analyze", content=b'{"text": "' + b"a" * 2000 + b'"}')]
+                    await client.post("/v1/analyze", content=b'{"text": "' + b"a" * 2000 + b'"}'),
+                    await client.post("/v1/analyze", content=b'{"text": "ok \\ud800"}')]
 
-    not_utf8, not_json, large = _run(go())
+    not_utf8, not_json, large, surrogate = _run(go())
+    assert surrogate.status_code == 400 and "lone surrogate" in surrogate.json()["error"]
     assert (not_utf8.status_code, not_utf8.json()["error"]) == (400, "body is not UTF-8")
     assert not_json.status_code == 400 and "not JSON" in not_json.json()["error"]
     assert large.status_code == 413 and "serve.max_body_bytes" in large.json()["error"]
