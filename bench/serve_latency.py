@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/serve_latency.py [--clients 1,4] [--rate 2] [--requests 40] [--duration 120]
         [--config conf/local.yaml] [--set KEY=VALUE ...] [--json-out bench/results/serve_latency_cpu.json]
+        [--shape qwen3-0.6b --tokenizer DIR --lengths-from EVAL.json] [--alongside "CMD"]
 
 Starts the service as its own process (`qwenspark serve`, the configured engine; the embedded 0.5B on this CPU),
 waits for /healthz, then sends real dev reviews (../shared/data/hotel_reviews, half zh, half en, seeded) as
@@ -12,6 +13,12 @@ label, the last the answer. Two kinds of load, each bounded by --requests and --
                measured from that intended time (so a server that falls behind shows it, instead of slowing the
                load down with it).
 Prints one line per load and writes the JSON (latencies in ms, requests by status).
+
+On the GPU machine (bench/device/README.md): --shape serves dummy weights of a published shape through
+bench/device/serve_planned.py, each answer as long as a draw from a real CPU eval's output lengths (--lengths-from).
+--alongside CMD starts CMD (a batch: bench/workload_100k.py on the same GPU) once the service is warm, begins the
+loads when CMD prints a line starting with "exec phase", and waits for CMD at the end: the service's latency while a
+batch shares the GPU.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEV = ROOT.parent / "shared" / "data" / "hotel_reviews" / "reviews_dev.csv"
 
 
-def reviews(n: int, seed: int = 7) -> list[dict[str, Any]]:
+def reviews(n: int, seed: int = 7, data: Path = DEV) -> list[dict[str, Any]]:
     """n dev reviews, half zh, half en, as request bodies."""
-    rows = pd.read_csv(DEV, dtype=str, keep_default_na=False)
+    rows = pd.read_csv(data, dtype=str, keep_default_na=False)
     rows = rows[rows["text"].str.strip() != ""]
     half = [rows[rows["lang"] == lang].sample(n, replace=True, random_state=seed) for lang in ("zh", "en")]
     mixed = pd.concat(half).sample(frac=1.0, random_state=seed).head(n)
@@ -47,7 +57,7 @@ def reviews(n: int, seed: int = 7) -> list[dict[str, Any]]:
 async def one(client: httpx.AsyncClient, body: dict[str, Any], due: float) -> dict[str, Any]:
     """One streamed request; latencies from `due` (the intended send time)."""
     label = full = None
-    status = 0
+    status, tokens_out = 0, None
     try:
         async with client.stream("POST", "/v1/analyze?stream=true", json=body) as response:
             status = response.status_code
@@ -60,12 +70,13 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], due: float) -> di
                     label = now - due
                 if "result" in event:
                     full = now - due
+                    tokens_out = event["result"].get("tokens_out")
                     label = full if label is None else label
                 if "error" in event:
                     status = 599
     except httpx.HTTPError:
         status = 598
-    return {"status": status, "label_s": label, "full_s": full}
+    return {"status": status, "label_s": label, "full_s": full, "tokens_out": tokens_out}
 
 
 async def closed_loop(client: httpx.AsyncClient, bodies: list[dict[str, Any]], clients: int,
@@ -84,12 +95,13 @@ async def closed_loop(client: httpx.AsyncClient, bodies: list[dict[str, Any]], c
 
 
 async def open_loop(client: httpx.AsyncClient, bodies: list[dict[str, Any]], rate: float,
-                    duration: float) -> list[dict[str, Any]]:
+                    duration: float, until: Callable[[], bool] = lambda: False) -> list[dict[str, Any]]:
+    """Request i sent at i / rate s, until duration, the bodies or until() ends it."""
     start = time.perf_counter()
     tasks = []
     for i, body in enumerate(bodies):
         due = start + i / rate
-        if due - start > duration:
+        if due - start > duration or until():
             break
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
         tasks.append(asyncio.create_task(one(client, body, due)))
@@ -110,6 +122,8 @@ def summary(name: str, results: list[dict[str, Any]], seconds: float) -> dict[st
 
     figures: dict[str, Any] = {"load": name, "requests": len(results), "ok": len(ok), "statuses": statuses,
                                "seconds": round(seconds, 1), "answers_per_s": round(len(ok) / seconds, 2)}
+    tokens = [r["tokens_out"] for r in ok if r["tokens_out"] is not None]
+    figures["mean_tokens_out"] = round(statistics.fmean(tokens), 1) if tokens else None
     for key in ("label_s", "full_s"):
         values = [r[key] for r in ok]
         figures[key.replace("_s", "_ms")] = {f"p{int(q * 100)}": pct(values, q) for q in (0.5, 0.9, 0.99)} | {
@@ -132,15 +146,30 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=40, help="requests per load at most")
     p.add_argument("--duration", type=float, default=120.0, help="seconds per load at most")
     p.add_argument("--json-out", type=Path)
+    p.add_argument("--data", type=Path, default=DEV, help="the labelled reviews the requests carry")
+    p.add_argument("--shape", help="GPU machine: dummy weights of this published shape (bench/executor_throughput.py)")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer folder (with --shape)")
+    p.add_argument("--lengths-from", type=Path, help="a real CPU eval whose output lengths the answers get")
+    p.add_argument("--alongside", help="a batch command run on the same machine during the loads (see above)")
     args = p.parse_args()
     port = free_port()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    cmd = [sys.executable, "-m", "qwenspark.cli", "serve", "--config", args.config, "--port", str(port),
-           *(f"--set={s}" for s in args.overrides)]
+    serve = [sys.executable, "-m", "qwenspark.cli"]
+    if args.shape:
+        sys.path.insert(0, str(ROOT))
+        from bench.executor_throughput import shaped_model
+
+        model = shaped_model(args.shape, args.tokenizer, Path("/tmp") / f"qwenspark-{args.shape}")
+        args.overrides += [f"engine.model={model}", "engine.default_model=false",
+                           "engine.engine_kwargs.load_format=dummy"]
+    if args.lengths_from:
+        serve = [sys.executable, str(ROOT / "bench" / "device" / "serve_planned.py"), str(args.lengths_from)]
+    cmd = [*serve, "serve", "--config", args.config, "--port", str(port), *(f"--set={s}" for s in args.overrides)]
     server = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    figures: dict[str, Any] = {"config": args.config, "overrides": args.overrides, "loads": []}
+    figures: dict[str, Any] = {"config": args.config, "overrides": args.overrides, "shape": args.shape,
+                               "alongside": args.alongside, "loads": []}
     try:
-        asyncio.run(run_loads(args, port, figures))
+        asyncio.run(run_loads(args, port, figures, server))
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -149,7 +178,8 @@ def main() -> int:
     return 0
 
 
-async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any]) -> None:
+async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any],
+                    server: subprocess.Popen[bytes]) -> None:
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
         deadline = time.perf_counter() + 600
@@ -158,23 +188,48 @@ async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any]
                 health = (await client.get("/healthz")).json()
                 break
             except httpx.HTTPError:
-                if time.perf_counter() > deadline:
+                if time.perf_counter() > deadline or server.poll() is not None:
                     raise
                 await asyncio.sleep(1)
         figures["model"], figures["prompt_version"] = health["model"], health["prompt_version"]
-        await one(client, reviews(1, seed=1)[0], time.perf_counter())  # warm: prefix cache, grammar compile
+        for body in reviews(8, seed=1, data=args.data):  # warm: prefix cache, grammar compile, both languages
+            await one(client, body, time.perf_counter())
+        batch = await asyncio.to_thread(start_alongside, args.alongside) if args.alongside else None
         loads: list[tuple[str, Any]] = [(f"clients={c}", int(c)) for c in filter(None, args.clients.split(","))]
         loads += [(f"rate={r}/s", r) for r in args.rate]
         for name, value in loads:
-            bodies = reviews(args.requests)
+            bodies = reviews(args.requests, data=args.data)
             t0 = time.perf_counter()
             if name.startswith("clients"):
                 results = await closed_loop(client, bodies, value, args.duration)
             else:
-                results = await open_loop(client, bodies, value, args.duration)
+                # beside a batch, the load stops with it: the figures are those of a shared GPU only
+                results = await open_loop(client, bodies, value, args.duration,
+                                          until=lambda: batch is not None and batch.poll() is not None)
             row = summary(name, results, time.perf_counter() - t0)
             figures["loads"].append(row)
             print(json.dumps(row), flush=True)
+        if batch is not None:
+            figures["alongside_rc"] = await asyncio.to_thread(batch.wait)
+
+
+def start_alongside(command: str) -> subprocess.Popen[str]:
+    """Start the batch command; return once it prints its "exec phase" line (its engine loaded and warm)."""
+    batch = subprocess.Popen(shlex.split(command), cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert batch.stdout is not None
+    for line in batch.stdout:
+        print(f"[alongside] {line}", end="", flush=True)
+        if line.startswith("exec phase"):
+            break
+    else:
+        raise RuntimeError(f"--alongside ended (rc {batch.wait()}) before its exec phase")
+
+    def drain(stream: Any) -> None:  # the rest of its output, so that it never blocks on a full pipe
+        for rest in stream:
+            print(f"[alongside] {rest}", end="", flush=True)
+
+    threading.Thread(target=drain, args=(batch.stdout,), daemon=True).start()
+    return batch
 
 
 if __name__ == "__main__":

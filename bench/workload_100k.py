@@ -208,7 +208,7 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
     # do 0.2-0.5 % of the time (CPU evals); repairing each would double the decode work of a toy, not of users.
     cfg = templated(EngineConfig(
         kind="vllm", model=model, batch_size=args.batch_size, max_in_flight=args.max_in_flight,
-        max_tokens=args.max_tokens, max_model_len=4096, gpu_memory_utilization=None if on_cpu else 0.85,
+        max_tokens=args.max_tokens, max_model_len=4096, gpu_memory_utilization=None if on_cpu else args.gpu_memory,
         enforce_eager=on_cpu, engine_kwargs=engine_kwargs, repair_penalty=0.0,
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"} if on_cpu else {},
     ), version)
@@ -233,6 +233,7 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
     bare = engine.generate(bare_conv, langs[: args.bare_reviews])
     bare_s = time.perf_counter() - t0
     spec = AnalyzeSpec(engine=cfg, prompt_version=version, max_review_tokens=768)
+    print(f"exec phase: {version}, {args.reviews} reviews", flush=True)  # bench/serve_latency.py --alongside waits
     t0 = time.perf_counter()
     out = pd.concat(list(make_analyze_fn(spec)(iter(frames_of(reviews, args.reviews, args.frame_rows, "exec")))),
                     ignore_index=True)
@@ -287,6 +288,8 @@ def main() -> int:
     p.add_argument("--max-in-flight", type=int, default=256)
     p.add_argument("--frame-rows", type=int, default=1000, help="rows per incoming frame (Arrow batch)")
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--gpu-memory", type=float, default=0.85,
+                   help="vLLM's gpu_memory_utilization (less when a service shares the GPU)")
     p.add_argument("--unguided-valid", type=float, default=0.95,
                    help="optimistic strategies: share of first answers written without the grammar that fit it (1 - "
                         "repaired_rate of a real CPU eval of the strategy); the rest are retried with the grammar")

@@ -1,10 +1,20 @@
 #!/usr/bin/env bash
 # On the GPU machine (bench/device/README.md): install the vLLM kit once from the parts the earlier calls left in
-# /tmp/vchunks (../shared/tools/vllm-on-device/README.md), then run bench/workload_100k.py with the arguments given.
+# /tmp/vchunks (../shared/tools/vllm-on-device/README.md), and the service's few wheels the image lacks from
+# .devrun/whl when it lacks them; then run bench/workload_100k.py with the arguments given, or the bench script named
+# first (bench/device/run_workload.sh bench/serve_latency.py ARGS...).
 set -uo pipefail
 if [ ! -f /tmp/site/vllm/__init__.py ]; then
   (cd /tmp/vchunks && cat part-* > all.tar && tar xf all.tar &&
    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site whl/*.whl) || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD/bench/device VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-exec python3 bench/workload_100k.py "$@"
+for need in prometheus_client:prometheus_client httpx:httpx mysql.connector:mysql_connector_python; do
+  if ! python3 -c "import ${need%%:*}" 2>/dev/null; then  # only what the image lacks: the rest stays the image's
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-extra .devrun/whl/"${need#*:}"-*.whl || exit 1
+  fi
+done
+export PYTHONPATH=$PYTHONPATH:/tmp/site-extra
+script=bench/workload_100k.py
+case "${1:-}" in *.py) script=$1; shift ;; esac
+exec python3 "$script" "$@"
