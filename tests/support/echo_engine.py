@@ -29,6 +29,7 @@ from typing import Any
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message
 from qwenspark.errors import EngineError
+from tests.support.char_tokens import CharTokens
 from tests.support.hostile import has_content
 
 NEGATIVE = ("dirty", "rude", "broken", "cold", "noisy", "filthy", "差", "吵", "脏", "不好")
@@ -82,7 +83,7 @@ def answer_length(text: str, lo: int, hi: int) -> int:
     return lo + int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % (hi - lo + 1)
 
 
-class EchoEngine:
+class EchoEngine(CharTokens):
     """Answers valid JSON from keywords; sleeps seconds_per_token x the batch's longest answer."""
 
     def __init__(self, cfg: EngineConfig) -> None:
@@ -106,12 +107,6 @@ class EchoEngine:
         self.records.parent.mkdir(parents=True, exist_ok=True)
         with self.records.open("a", encoding="utf-8") as out:
             out.write(json.dumps({"pid": os.getpid(), "devices": self.devices, "t": time.time(), **fields}) + "\n")
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(chr(i) for i in ids)
 
     def generate(
         self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None, *,

@@ -14,6 +14,7 @@ from qwenspark.calibrate import calibrated, label_logprobs
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message
 from qwenspark.schemas import CLEAN_SCHEMA
+from tests.support.char_tokens import CharTokens
 
 ANSWER = '{"sentiment":"negative","summary":"x","aspects":[]}'
 
@@ -47,19 +48,13 @@ def test_the_bias_moves_the_label_and_without_one_the_answer_stays() -> None:
     assert calibrated("negative", logprobs, {"neutral": 2.6}) == "neutral"
 
 
-class _Scripted:
+class _Scripted(CharTokens):
     """Answers every conversation negative, with the labels' log-probabilities an engine would report."""
 
     model_name = "scripted"
 
     def __init__(self) -> None:
         self.cfgs: list[EngineConfig] = []
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(map(chr, ids))
 
     def generate(
         self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None

@@ -24,6 +24,7 @@ from qwenspark.label_head import (
     save_head,
 )
 from qwenspark.schemas import CLEAN_SCHEMA
+from tests.support.char_tokens import CharTokens
 
 # Hand-written reviews, not from the dev corpus: the packaged head must read their polarity from words alone.
 POSITIVE = {
@@ -131,16 +132,10 @@ def test_the_packaged_default_head_reads_polarity_from_words_when_the_model_is_u
         assert lexical.log_proba(POSITIVE[lang], lang)["positive"] > lexical.log_proba(NEGATIVE[lang], lang)["positive"]
 
 
-class _Undecided:
+class _Undecided(CharTokens):
     """Answers positive for every review with every label equally likely; records the config it was built with."""
 
     model_name = "undecided"
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(map(chr, ids))
 
     def generate(
         self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None

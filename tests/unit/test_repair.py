@@ -16,6 +16,7 @@ from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Message
 from qwenspark.parse import grammar_misfit, needs_repair, parse_completion
 from qwenspark.schemas import CLEAN_SCHEMA
+from tests.support.char_tokens import CharTokens
 
 
 def _answer(summary: str) -> str:
@@ -32,7 +33,7 @@ LOOP = "退房手续不及时，" * 6
 FIXED = "退房手续不及时"
 
 
-class Repairable:
+class Repairable(CharTokens):
     """Reviews with LOOP answer a looping summary, reviews with CUT are cut by max_tokens, unless retried; every call
     is recorded as (review, retry)."""
 
@@ -42,12 +43,6 @@ class Repairable:
         self.calls: list[tuple[str, str | None]] = []
         self.live: list[tuple[str, Completion]] = []
         self._next = 0
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(chr(i) for i in ids)
 
     def _answer(self, conversation: Sequence[Message], retry: str | None) -> Completion:
         review = conversation[-1]["content"]
@@ -159,7 +154,7 @@ def test_what_needs_repair() -> None:
     assert not needs_repair("stop", parse_completion("not json", "stop")), "a malformed answer would fail again"
 
 
-class Unguided:
+class Unguided(CharTokens):
     """What a model writes without the grammar: prose for PROSE, an English summary for a Chinese review, a summary
     of 150 characters for LONG, extra keys for EXTRA; valid JSON for the rest and for every guided retry."""
 
@@ -167,12 +162,6 @@ class Unguided:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str | None]] = []
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(chr(i) for i in ids)
 
     def generate(
         self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None, *,

@@ -17,6 +17,7 @@ from qwenspark.engines.base import Completion, Message, Retry
 from qwenspark.errors import ConfigError, EngineError
 from qwenspark.serve.app import Service, check_bind, create_app
 from qwenspark.serve.engine import Partial
+from tests.support.char_tokens import CharTokens
 
 
 def _config(**serve: Any) -> QwenSparkConfig:
@@ -24,7 +25,7 @@ def _config(**serve: Any) -> QwenSparkConfig:
                             "prompt": {"version": "v9"}, "serve": serve})
 
 
-class Scripted:
+class Scripted(CharTokens):
     """Answers in steps: the label, then the summary (the review's text back), then the end; `delay` seconds per
     step; `gate` holds every answer until set; `down` raises an engine outage."""
 
@@ -34,12 +35,6 @@ class Scripted:
         self.delay, self.down = delay, down
         self.gate: asyncio.Event | None = None
         self.started = 0
-
-    def encode(self, text: str) -> list[int]:
-        return [ord(c) for c in text]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(map(chr, ids))
 
     async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None
                      ) -> AsyncIterator[Partial]:
