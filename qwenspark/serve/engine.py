@@ -114,7 +114,13 @@ class AsyncVllm:
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
-            del llm  # now, while the interpreter is whole: vLLM's __del__ shuts down again and needs its modules
+            # AsyncLLM.__del__ shuts down again, and something in vLLM keeps the engine alive until interpreter exit,
+            # where that second shutdown finds its modules gone and prints a TypeError traceback at every Ctrl-C.
+            llm.shutdown = _shut
+
+
+def _shut(timeout: float | None = None) -> None:
+    """An engine's shutdown once it has been shut down."""
 
 
 class Threaded:
