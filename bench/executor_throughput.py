@@ -160,35 +160,31 @@ def draw_lengths(dist: str, n: int, max_tokens: int) -> list[int]:
 class LengthPlan:
     """Per-request SamplingParams, the same for the bare, continuous and naive paths.
 
-    Wraps LLM.generate and LLMEngine.add_request of the engine under test: a prompt's review index (the
-    "(#i/tag)" review_frames writes) picks its length from the active table. guided: the params the engine passed
-    for that request (its grammar, or none for an optimistic first attempt, and the attempt's penalty) with
-    max_tokens = length, and an attempt without grammar runs exactly length tokens; unguided: no grammar,
-    ignore_eos, exactly length tokens.
+    Wraps VllmEngine._add, where every request of the engine under test enters vLLM (attach), or is asked directly
+    (params, for a plain vllm.LLM): a prompt's review index (the "(#i/tag)" review_frames writes) picks its length
+    from the active table. guided: the params the engine passed for that request (its grammar, or none for an
+    optimistic first attempt, and the attempt's penalty) with max_tokens = length, and an attempt without grammar
+    runs exactly length tokens; unguided: no grammar, ignore_eos, exactly length tokens.
     """
 
     TAG = re.compile(r"\(#(\d+)/\w+\)")
 
-    def __init__(self, engine: Any) -> None:
-        self.engine, self.misses, self.hits = engine, 0, 0
+    def __init__(self, engine: Any = None) -> None:
+        self.misses, self.hits = 0, 0
         self.table: list[int] | None = None
         self.guided = True
         self.derived: dict[tuple[int, int], tuple[Any, Any]] = {}
-        llm = engine._llm
-        generate, add_request = llm.generate, llm.llm_engine.add_request
+        if engine is not None:
+            self.attach(engine)
 
-        def planned_generate(prompts: Any, params: Any = None, **kw: Any) -> Any:
-            if self.table is not None and isinstance(prompts, list):
-                each = params if isinstance(params, list) else [params] * len(prompts)
-                params = [self.params(p, d) for p, d in zip(prompts, each, strict=True)]
-            return generate(prompts, params, **kw)
+    def attach(self, engine: Any) -> None:
+        """Plan the lengths of every request engine (a qwenspark VllmEngine) sends to vLLM."""
+        add = engine._add
 
-        def planned_add_request(rid: str, prompt: Any, params: Any, *a: Any, **kw: Any) -> Any:
-            if self.table is not None and isinstance(prompt, str):
-                params = self.params(prompt, params)
-            return add_request(rid, prompt, params, *a, **kw)
+        def planned_add(rid: str, prompt: str, params: Any) -> None:
+            add(rid, prompt, self.params(prompt, params) if self.table is not None else params)
 
-        llm.generate, llm.llm_engine.add_request = planned_generate, planned_add_request
+        engine._add = planned_add
 
     def set(self, lengths: list[int] | None, guided: bool, langs: list[str] | None = None) -> None:
         """Activate per-request lengths (None: the engine's own params, untouched). guided: each request keeps the
@@ -374,7 +370,7 @@ def main() -> int:
 def _engine_settings(engine: Any) -> dict[str, Any]:
     """The vLLM settings that decide these figures (read back from the engine, not assumed)."""
     try:
-        vc = engine._llm.llm_engine.vllm_config
+        vc = engine.vllm_config if hasattr(engine, "vllm_config") else engine.llm_engine.vllm_config  # or a vllm.LLM
         return {
             "max_num_seqs": vc.scheduler_config.max_num_seqs,
             "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,

@@ -7,8 +7,11 @@
 Reviews are sampled (seeded, with replacement) from the labelled dev reviews, --en-share of them English (0.4
 gives the ~320 characters per review of the workload the issue quotes: zh reviews average 129, en 603). For each
 strategy (a prompt version: its prompt, guided grammar and answer form) one engine is loaded, then in one run:
-  bare:     one LLM.generate over --bare-reviews prompts with the same per-request settings (vLLM's best case);
-  executor: make_analyze_fn, the function mapInPandas runs, over --reviews reviews in frames of --frame-rows;
+  bare:     one vllm.LLM.generate over --bare-reviews prompts with the same per-request settings (vLLM's best
+            case), on a plain vllm.LLM loaded first with the engine's settings and shut down before the engine loads
+            (--bare engine: the engine's own generate() instead, no second load);
+  executor: make_analyze_fn, the function mapInPandas runs, over --reviews reviews in frames of --frame-rows, on the
+            job's engine (VllmEngine: AsyncLLM streams when the engine core has its own process, as on GPUs);
 each on its own copy of the prompts (a tag at the start of each review), so no path reuses another's review KV.
 Dummy weights never end an answer as a trained model does: each request's max_tokens is drawn (seeded by review)
 from the tokens-per-review percentiles of a real CPU eval of that prompt version (`qwenspark eval --out`:
@@ -199,6 +202,41 @@ def shared_prefix_tokens(engine: Any, version: str) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
+def bare_llm_generate(cfg: EngineConfig, plan: LengthPlan, warm: list[Any], conversations: list[Any],
+                      langs: list[str]) -> tuple[float, int, dict[str, Any]]:
+    """vLLM's own best case: a plain vllm.LLM with the engine's settings, one LLM.generate over the conversations with
+    the engine's per-request settings and the planned lengths; shut down after. (seconds, output tokens, settings)"""
+    import gc
+
+    import torch
+    from vllm import LLM
+
+    from qwenspark.engines.vllm import apply_env, engine_kwargs, sampling_params
+
+    apply_env(cfg)
+    llm = LLM(cfg.model, **engine_kwargs(cfg))
+    tokenizer = llm.get_tokenizer()
+    per_lang = sampling_params(cfg)
+
+    def run(llm: Any, convs: list[Any]) -> tuple[float, int]:
+        prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in convs]
+        params = [plan.params(pr, per_lang.get((lang, None), per_lang[None, None]))
+                  for pr, lang in zip(prompts, langs, strict=False)]
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+
+    run(llm, warm)
+    seconds, tokens = run(llm, conversations)
+    settings = _engine_settings(llm)
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return seconds, tokens, settings
+
+
 def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, *, lengths_table: list[int],
                  model: str, engine_kwargs: dict[str, Any], valid_share: float) -> dict[str, Any]:
     """One engine for the prompt version; bare then executor; the figures."""
@@ -213,25 +251,31 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"} if on_cpu else {},
     ), version)
     cfg, devices = pin_task_gpus(cfg)
-    t0 = time.perf_counter()
-    engine, _ = cache.get_engine(cfg, devices=devices)
-    load_s = time.perf_counter() - t0
-    plan = LengthPlan(engine)
+    plan = LengthPlan()
     lengths = draw_lengths(lengths_table, len(reviews), args.max_tokens)  # by review index, every copy alike
     langs = [detect_lang(t, lang) for t, lang in zip(reviews["text"], reviews["lang"], strict=True)]
     plan.set(lengths, guided=True, langs=langs)
-    valid = ValidShare(engine, valid_share) if cfg.optimistic else None
     template = get_template(version)
 
     def conversations(frames: list[pd.DataFrame]) -> list[Any]:
         return [template.messages(t, detect_lang(t, lang)) for f in frames
                 for t, lang in zip(f["text"], f["lang"], strict=True)]
 
-    engine.generate(conversations(frames_of(reviews, 64, 64, "warm")), langs[:64])  # graphs, grammar compile
+    warm_conv = conversations(frames_of(reviews, 64, 64, "warm"))  # graphs, grammar compile
     bare_conv = conversations(frames_of(reviews, args.bare_reviews, args.bare_reviews, "bare"))
+    bare_llm = None
+    if args.bare == "llm":
+        bare_s, bare_tokens, bare_llm = bare_llm_generate(cfg, plan, warm_conv, bare_conv, langs)
     t0 = time.perf_counter()
-    bare = engine.generate(bare_conv, langs[: args.bare_reviews])
-    bare_s = time.perf_counter() - t0
+    engine, _ = cache.get_engine(cfg, devices=devices)
+    load_s = time.perf_counter() - t0
+    plan.attach(engine)
+    valid = ValidShare(engine, valid_share) if cfg.optimistic else None
+    engine.generate(warm_conv, langs[:64])
+    if args.bare == "engine":
+        t0 = time.perf_counter()
+        bare = engine.generate(bare_conv, langs[: args.bare_reviews])
+        bare_s, bare_tokens = time.perf_counter() - t0, sum(c.tokens_out for c in bare)
     spec = AnalyzeSpec(engine=cfg, prompt_version=version, max_review_tokens=768)
     print(f"exec phase: {version}, {args.reviews} reviews", flush=True)  # bench/serve_latency.py --alongside waits
     t0 = time.perf_counter()
@@ -248,12 +292,13 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
     row: dict[str, Any] = {
         "strategy": version + (f"@{valid_share}" if cfg.optimistic else ""),
         "quantization": args.quantization or "bf16", "reviews": args.reviews,
-        "bare_reviews": args.bare_reviews, "engine_load_s": round(load_s, 1), "engine": _engine_settings(engine),
+        "bare_reviews": args.bare_reviews, "bare": args.bare, "bare_llm_engine": bare_llm,
+        "engine_load_s": round(load_s, 1), "engine": _engine_settings(engine),
         "exec_s": round(exec_s, 1), "bare_s": round(bare_s, 1),
         "exec_reviews_per_s": round(exec_rps, 1), "bare_reviews_per_s": round(bare_rps, 1),
         "exec_vs_bare": round(exec_rps / bare_rps, 3),
         "exec_out_tok_per_s": round(tokens_out / exec_s),
-        "bare_out_tok_per_s": round(sum(c.tokens_out for c in bare) / bare_s),
+        "bare_out_tok_per_s": round(bare_tokens / bare_s),
         "mean_tokens_out": round(mean_out, 1),
         "planned_tokens_out": round(sum(lengths[: args.reviews]) / args.reviews, 1),
         "mean_tokens_in": round(tokens_in, 1), "shared_prefix_tokens": cached,
@@ -279,6 +324,8 @@ def main() -> int:
     p.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "hotel_reviews" / "reviews_dev.csv")
     p.add_argument("--reviews", type=int, default=20_000, help="reviews through the executor function")
     p.add_argument("--bare-reviews", type=int, default=2048, help="reviews through the bare LLM.generate")
+    p.add_argument("--bare", choices=("llm", "engine"), default="llm",
+                   help="llm: a plain vllm.LLM loaded for the bare run; engine: the job engine's generate()")
     p.add_argument("--en-share", type=float, default=0.4)
     p.add_argument("--strategies", default="v1", help="comma list of prompt versions, one engine each")
     p.add_argument("--lengths-from", required=True,

@@ -10,7 +10,8 @@ if [ ! -f /tmp/site/vllm/__init__.py ]; then
 fi
 export PYTHONPATH=/tmp/site:$PWD/bench/device VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 for need in prometheus_client:prometheus_client httpx:httpx mysql.connector:mysql_connector_python; do
-  if ! python3 -c "import ${need%%:*}" 2>/dev/null; then  # only what the image lacks: the rest stays the image's
+  # only what the image lacks and .devrun/whl holds (the service's needs; the batch bench needs none of them)
+  if ! python3 -c "import ${need%%:*}" 2>/dev/null && compgen -G ".devrun/whl/${need#*:}-*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --target /tmp/site-extra .devrun/whl/"${need#*:}"-*.whl || exit 1
   fi
 done

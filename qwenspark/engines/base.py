@@ -119,8 +119,9 @@ class StreamingEngine(Engine, Protocol):
         refuses it."""
         ...
 
-    def step(self) -> list[tuple[str, Completion]]:
-        """Advance the engine one step; the requests that finished in it."""
+    def step(self) -> list[tuple[str, Completion | str]]:
+        """Advance the engine (or wait a moment for it); the requests that finished since the last call, each with its
+        answer or, for one the engine refused after taking it, the reason (that row's error)."""
         ...
 
     def abort(self, request_ids: Sequence[str]) -> None:

@@ -6,13 +6,16 @@ import itertools
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, resolve_dtype
 from qwenspark.errors import EngineError, RequestError
 from qwenspark.parse import answer_schemas
+
+if TYPE_CHECKING:
+    from qwenspark.engines.vllm_feeds import Feed
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ def _label_logprobs(best: Any) -> dict[str, float] | None:
     return label_logprobs(best.text, tokens, alternatives)
 
 
-def _client_errors() -> tuple[type[Exception], ...]:
+def client_errors() -> tuple[type[Exception], ...]:
     """vLLM's per-request validation errors (newer releases have their own class; older raise ValueError)."""
     try:
         from vllm.exceptions import VLLMClientError
@@ -61,7 +64,7 @@ def _client_errors() -> tuple[type[Exception], ...]:
 
 
 def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
-    """The keyword arguments of vllm.LLM / AsyncEngineArgs for cfg (None values left out)."""
+    """The keyword arguments of vLLM's (Async)EngineArgs for cfg (None values left out; vllm_feeds.engine_args)."""
     kwargs: dict[str, Any] = {
         "tokenizer": cfg.tokenizer,
         "dtype": resolve_dtype(cfg.dtype, _on_gpu()),
@@ -79,11 +82,12 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
-def sampling_params(cfg: EngineConfig) -> dict[tuple[str | None, Retry | None], Any]:
+def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tuple[str | None, Retry | None], Any]:
     """One set of sampling settings per grammar (by review language when the summary's script is constrained) and
-    attempt (the first, and the retries: engines.base.attempt_settings)."""
+    attempt (the first, and the retries: engines.base.attempt_settings). final_only: vLLM reports each request once,
+    when it finishes (the batch); else the answer as it grows (the service's label-first stream)."""
     from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     params: dict[tuple[str | None, Retry | None], Any] = {}
     for lang, schema in answer_schemas(cfg).items():
@@ -96,6 +100,7 @@ def sampling_params(cfg: EngineConfig) -> dict[tuple[str | None, Retry | None], 
                 max_tokens=cfg.max_tokens,
                 logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
                 structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided and guided else None,
+                output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE,
             )
     return params
 
@@ -111,19 +116,29 @@ def import_vllm() -> None:
 
 
 class VllmEngine:
-    """vllm.LLM loaded once; generate() runs one batch of chat conversations with greedy guided decoding."""
+    """A vLLM engine loaded once, fed chat conversations as token ids through vLLM's public APIs (vllm_feeds): the
+    engine-level LLMEngine when its core runs in this process, AsyncLLM's streams when it runs in its own."""
 
     def __init__(self, cfg: EngineConfig) -> None:
         apply_env(cfg)
         import_vllm()
-        from vllm import LLM
+        from qwenspark.engines.vllm_feeds import EventLoop, InProcess, engine_args
 
         self.model_name = cfg.model
-        self._llm = LLM(cfg.model, **engine_kwargs(cfg))
-        self._tokenizer = self._llm.get_tokenizer()
-        self._client_errors = _client_errors()
+        # Read after apply_env: the engine's env (conf/local.yaml: 0 on CPU) decides where the engine core runs.
+        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+        args = engine_args(engine_kwargs(cfg), cfg.model, asynchronous=not in_process)
+        self._feed: Feed = InProcess(args) if in_process else EventLoop(args)
+        self._tokenizer = self._feed.tokenizer
+        self._client_errors = client_errors()
         self._ids = itertools.count()
-        self._params = sampling_params(cfg)
+        self._params = sampling_params(cfg, final_only=True)
+        log.info("vLLM engine for %s: engine core %s", cfg.model, "in this process" if in_process else "in its own")
+
+    @property
+    def vllm_config(self) -> Any:
+        """vLLM's resolved settings of this engine (benchmarks and tests read them back)."""
+        return self._feed.vllm_config
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
@@ -143,41 +158,50 @@ class VllmEngine:
         self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None, *,
         retry: Retry | None = None,
     ) -> list[Completion]:
-        prompts = [self.render(c) for c in conversations]
-        params = [self.params(None if langs is None else langs[j], retry) for j in range(len(prompts))]
+        ids: list[str] = []
+        done: dict[str, Completion | str] = {}
         try:
-            outputs = self._llm.generate(prompts, params, use_tqdm=False)
-        except self._client_errors as exc:
-            raise RequestError(str(exc)) from exc
-        return [_completion(out) for out in outputs]
+            for j, conversation in enumerate(conversations):
+                ids.append(self.submit(conversation, None if langs is None else langs[j], retry=retry))
+            mine = set(ids)
+            while len(done) < len(ids):
+                done.update((rid, out) for rid, out in self.step() if rid in mine)
+        finally:
+            self.abort([i for i in ids if i not in done])
+        refused = next((x for x in done.values() if isinstance(x, str)), None)
+        if refused is not None:  # generate_isolating then asks again one by one to find the row
+            raise RequestError(refused)
+        return [done[i] for i in ids]  # type: ignore[misc]
 
     def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: Retry | None = None) -> str:
-        # The engine under vllm.LLM: add requests and step it ourselves, so new requests join the running
-        # batch while older ones decode (LLM.generate would wait for its whole batch to finish).
+        # Requests join the running batch while older ones decode (a batch call would wait for its longest answer).
         request_id = str(next(self._ids))
-        try:
-            self._llm.llm_engine.add_request(request_id, self.render(conversation), self.params(lang, retry))
-        except self._client_errors as exc:
-            raise RequestError(str(exc)) from exc
+        self._add(request_id, self.render(conversation), self.params(lang, retry))
         return request_id
 
-    def step(self) -> list[tuple[str, Completion]]:
-        # vLLM reports the id we gave (newer releases add a random suffix internally only).
-        return [(out.request_id, _completion(out)) for out in self._llm.llm_engine.step() if out.finished]
+    def _add(self, request_id: str, prompt: str, params: Any) -> None:
+        """The one place a request enters vLLM: the prompt tokenised here, once (vLLM takes the ids as they are)."""
+        try:
+            self._feed.add(request_id, self.encode(prompt), params)
+        except self._client_errors as exc:
+            raise RequestError(str(exc)) from exc
+
+    def step(self) -> list[tuple[str, Completion | str]]:
+        return [(rid, f"engine refused the request: {str(out)[:500]}" if isinstance(out, RequestError)
+                 else _completion(out)) for rid, out in self._feed.finished()]
 
     def abort(self, request_ids: Sequence[str]) -> None:
-        self._llm.llm_engine.abort_request(list(request_ids))
+        if request_ids:
+            self._feed.abort(request_ids)
 
     def close(self) -> None:
         # Dropping the reference is not enough: the engine core (a separate process by default) holds the
         # GPU memory until it is shut down. Measured on an H200: without this, memory stayed allocated.
-        llm = self.__dict__.pop("_llm", None)
-        if llm is None:
+        feed = self.__dict__.pop("_feed", None)
+        if feed is None:
             return
-        core = getattr(llm.llm_engine, "engine_core", None)
-        if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()
-        del llm
+        feed.shutdown()
+        del feed
         _release_process_memory()
 
 

@@ -65,18 +65,16 @@ class AsyncVllm:
     async def start(cls, cfg: EngineConfig) -> AsyncVllm:
         """Load the model (in vLLM's engine-core process) for cfg, set as templated() sets it for the prompt."""
         from qwenspark.engines.vllm import apply_env, engine_kwargs, import_vllm, sampling_params
+        from qwenspark.engines.vllm_feeds import engine_args
 
         apply_env(cfg)
         import_vllm()
-        from vllm import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        kwargs = engine_kwargs(cfg)
-        if isinstance(kwargs.get("structured_outputs_config"), dict):  # vllm.LLM converts this dict; the args do not
-            from vllm.config import StructuredOutputsConfig
-
-            kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
-        llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=cfg.model, disable_log_stats=True, **kwargs))
+        # vLLM sizes its default batch by the usage context: an online server's, as `vllm serve` runs.
+        llm = AsyncLLM.from_engine_args(engine_args(engine_kwargs(cfg), cfg.model, asynchronous=True),
+                                        usage_context=UsageContext.OPENAI_API_SERVER)
         tokenizer = llm.get_tokenizer()
         if inspect.isawaitable(tokenizer):  # older releases: a coroutine
             tokenizer = await tokenizer
@@ -111,16 +109,11 @@ class AsyncVllm:
             raise EngineError(f"vllm: {type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
+        from qwenspark.engines.vllm_feeds import shut_down
+
         llm, self._llm = self._llm, None
         if llm is not None:
-            llm.shutdown()
-            # AsyncLLM.__del__ shuts down again, and something in vLLM keeps the engine alive until interpreter exit,
-            # where that second shutdown finds its modules gone and prints a TypeError traceback at every Ctrl-C.
-            llm.shutdown = _shut
-
-
-def _shut(timeout: float | None = None) -> None:
-    """An engine's shutdown once it has been shut down."""
+            shut_down(llm)
 
 
 class Threaded:

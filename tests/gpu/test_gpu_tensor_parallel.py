@@ -73,7 +73,7 @@ def test_task_holding_two_gpus_runs_engine_tensor_parallel(
     assert gpus == ["0", "1"] and pinned.tensor_parallel_size == 2
     engine, loaded_now = cache.get_engine(pinned)
     assert not loaded_now, "the executor path loaded the engine of exactly this (TP=2) config"
-    assert engine._llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2  # type: ignore[attr-defined]
+    assert engine.vllm_config.parallel_config.tensor_parallel_size == 2  # type: ignore[attr-defined]
     used = [free_before[i] - torch.cuda.mem_get_info(i)[0] for i in range(2)]
     assert min(used) > 10 * 2**30, f"both GPUs hold a share of the engine, used {used}"
 

@@ -1,0 +1,201 @@
+"""How requests reach vLLM through its public APIs: the engine-level LLMEngine stepped by the caller (engine core in
+this process), or AsyncLLM's generate streams on an event loop of their own (engine core in its own process)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from qwenspark.errors import EngineError, RequestError
+
+# How long finished() waits for an answer before it returns nothing (the caller then asks again).
+_WAIT_S = 1.0
+
+
+class Feed(Protocol):
+    """Requests in as token ids, finished answers out; what VllmEngine needs of vLLM."""
+
+    tokenizer: Any
+    vllm_config: Any
+
+    def add(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+        """Queue one request; raises vLLM's validation error if it refuses it at once."""
+        ...
+
+    def finished(self) -> list[tuple[str, Any]]:
+        """Requests finished since the last call: (id, vLLM's final RequestOutput, or a RequestError for a request
+        vLLM refused after queueing it). Raises EngineError when the engine failed."""
+        ...
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Drop requests; nothing is reported for them."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine core and release its memory."""
+        ...
+
+
+def engine_args(cfg_kwargs: dict[str, Any], model: str, *, asynchronous: bool) -> Any:
+    """vLLM's (Async)EngineArgs for the keyword arguments engines.vllm.engine_kwargs makes."""
+    from vllm import AsyncEngineArgs, EngineArgs
+    from vllm.config import StructuredOutputsConfig
+
+    kwargs = dict(cfg_kwargs)
+    if isinstance(kwargs.get("structured_outputs_config"), dict):  # vllm.LLM converts this dict; the args do not
+        kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
+    return (AsyncEngineArgs if asynchronous else EngineArgs)(model=model, disable_log_stats=True, **kwargs)
+
+
+def offline_usage() -> Any:
+    """The usage context of vllm.LLM: vLLM sizes its default batch by it (on an H200: up to 1024 sequences and 16384
+    tokens per step, against 128 and 2048 for the engine classes' own default; the job wants the offline sizes)."""
+    from vllm.usage.usage_lib import UsageContext
+
+    return UsageContext.LLM_CLASS
+
+
+class InProcess:
+    """vllm.LLMEngine, vLLM's documented engine-level API (its llm_engine_example), with the engine core in this
+    process (VLLM_ENABLE_V1_MULTIPROCESSING=0, as on CPU): each finished() runs one engine step here."""
+
+    def __init__(self, args: Any) -> None:
+        from vllm import LLMEngine
+
+        self._engine = LLMEngine.from_engine_args(args, usage_context=offline_usage())
+        self.tokenizer = self._engine.get_tokenizer()
+        self.vllm_config = self._engine.vllm_config
+
+    def add(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+        from vllm.inputs import TokensPrompt
+
+        self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_ids), params)
+
+    def finished(self) -> list[tuple[str, Any]]:
+        # vLLM reports the id we gave (newer releases add a random suffix internally only).
+        return [(out.request_id, out) for out in self._engine.step() if out.finished]
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        self._engine.abort_request(list(request_ids))
+
+    def shutdown(self) -> None:
+        core = getattr(self._engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del self._engine
+
+
+class EventLoop:
+    """vLLM's AsyncLLM with its engine core in a process of its own: every request is one generate() stream on an
+    event loop in a daemon thread, so the caller's thread (a Spark task's, with no loop of its own) only adds
+    requests and collects finished answers, which reach it through a queue."""
+
+    def __init__(self, args: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="qwenspark-vllm", daemon=True)
+        self._thread.start()
+        self._done: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._streams: dict[str, asyncio.Task[None]] = {}
+        try:
+            # Built on the loop, so that AsyncLLM's output handler runs there.
+            self._llm = self._call(self._build(args))
+            tokenizer = self._llm.get_tokenizer()
+            self.tokenizer = self._call(tokenizer) if asyncio.iscoroutine(tokenizer) else tokenizer  # older vLLM
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            raise
+        self.vllm_config = self._llm.vllm_config
+        from vllm.inputs import TokensPrompt
+
+        from qwenspark.engines.vllm import client_errors
+
+        self._prompt, self._client_errors = TokensPrompt, client_errors()
+
+    @staticmethod
+    async def _build(args: Any) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(args, usage_context=offline_usage())
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def add(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+        self._loop.call_soon_threadsafe(self._open, request_id, prompt_ids, params)
+
+    def _open(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+        self._streams[request_id] = self._loop.create_task(self._answer(request_id, prompt_ids, params))
+
+    async def _answer(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+        try:
+            # Cancelling this task (abort) makes AsyncLLM abort the request itself.
+            async for out in self._llm.generate(self._prompt(prompt_token_ids=prompt_ids), params, request_id):
+                if out.finished:
+                    self._done.put((request_id, out))
+        except self._client_errors as exc:  # vLLM's validation of this one request
+            self._done.put((request_id, RequestError(str(exc))))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the engine core failed or died: the task must fail, not store error rows
+            self._done.put((request_id, EngineError(f"vllm: {type(exc).__name__}: {exc}")))
+        finally:
+            self._streams.pop(request_id, None)
+
+    def finished(self) -> list[tuple[str, Any]]:
+        try:
+            out = [self._done.get(timeout=_WAIT_S)]
+        except queue.Empty:
+            if not self._thread.is_alive():
+                raise EngineError("vllm: the engine's event loop stopped") from None
+            return []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                break
+        failed = next((x for _, x in out if isinstance(x, EngineError)), None)
+        if failed is not None:
+            raise failed
+        return out
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        self._loop.call_soon_threadsafe(self._cancel, list(request_ids))
+
+    def _cancel(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream.cancel()
+
+    def shutdown(self) -> None:
+        llm = self.__dict__.pop("_llm", None)
+        if llm is not None:
+            shut_down(llm)
+        if self._thread.is_alive():
+            # AsyncLLM's own tasks (its output handler) end cancelled, not destroyed pending with the loop.
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result(timeout=30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+
+async def _cancel_all() -> None:
+    """Cancel every other task of the running loop and wait for them to end."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def shut_down(llm: Any) -> None:
+    """Shut an AsyncLLM down once."""
+    llm.shutdown()
+    # AsyncLLM.__del__ shuts down again, and something in vLLM keeps the engine alive until interpreter exit, where
+    # that second shutdown finds its modules gone and prints a TypeError traceback (at every Ctrl-C of the service).
+    llm.shutdown = _shut
+
+
+def _shut(timeout: float | None = None) -> None:
+    """An engine's shutdown once it has been shut down."""
