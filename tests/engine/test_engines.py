@@ -46,6 +46,9 @@ def test_guided_output_always_parses(kind: str, tiny_model: Path) -> None:
             parsed = parse_completion(done.text, done.finish_reason)
             assert parsed.error is None, parsed.error
             assert done.tokens_in > 300 and 0 < done.tokens_out <= cfg.max_tokens
+        if kind == "vllm":  # in-process core: vllm.LLMEngine with vllm.LLM's batch limits (the default would be 128)
+            assert type(engine._feed).__name__ == "InProcess"  # type: ignore[attr-defined]
+            assert engine.vllm_config.scheduler_config.max_num_seqs == 256  # type: ignore[attr-defined]
         ids = engine.encode("你好 hotel")
         assert ids == [108386, 9500] and engine.decode(ids) == "你好 hotel"
     finally:

@@ -43,6 +43,8 @@ def test_engine_core_in_its_own_process_through_async_streams(tiny_model: Path) 
         cores = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
         assert cores, "the engine core should run in a process of its own"
         assert type(engine._feed).__name__ == "EventLoop"
+        # vllm.LLM's batch limits (offline usage context), not the engine classes' smaller default of 128 sequences.
+        assert engine.vllm_config.scheduler_config.max_num_seqs == 256
 
         # Requests dropped half way leave nothing that a later call could take for its own.
         template = get_template("v1")
