@@ -181,8 +181,9 @@ class LengthPlan:
         """Plan the lengths of every request engine (a qwenspark VllmEngine) sends to vLLM."""
         add = engine._add
 
-        def planned_add(rid: str, prompt: str, params: Any) -> None:
-            add(rid, prompt, self.params(prompt, params) if self.table is not None else params)
+        def planned_add(rid: str, conversation: Any, params: Any) -> None:
+            review = conversation[-1]["content"]  # the tag leads the review, in the last message
+            add(rid, conversation, self.params(review, params) if self.table is not None else params)
 
         engine._add = planned_add
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
@@ -115,6 +115,34 @@ def import_vllm() -> None:
         ) from exc
 
 
+class PromptIds:
+    """Token ids of a rendered prompt, tokenising per request only its last message (the review) and re-using the ids
+    of the text around it: the system prompt and few-shot turns before it are the same for every review of a prompt
+    version and language, and were 80 % of each prompt's tokenising time (0.61 ms of a 500-token prompt, 0.13 ms for
+    its last message, on this CPU). Exact for byte-level BPE tokenizers such as Qwen's: the text before the message
+    ends in a newline, which pre-tokenisation always splits after when the message starts with a non-space, and the
+    text after it starts with a special token; anything else is tokenised whole."""
+
+    def __init__(self, encode: Callable[[str], list[int]], cache_size: int = 64) -> None:
+        self._encode, self._cache_size = encode, cache_size
+        self._around: dict[str, list[int]] = {}
+
+    def __call__(self, prompt: str, last: str) -> list[int]:
+        start = prompt.rfind(last) if last and not last[0].isspace() else -1
+        if start <= 0 or prompt[start - 1] != "\n":
+            return self._encode(prompt)
+        end = start + len(last)
+        return self._cached(prompt[:start]) + self._encode(last) + self._cached(prompt[end:])
+
+    def _cached(self, text: str) -> list[int]:
+        ids = self._around.get(text)
+        if ids is None:
+            if len(self._around) >= self._cache_size:  # bounded: prompt versions x languages, plus the template's tail
+                self._around.clear()
+            ids = self._around[text] = self._encode(text)
+        return ids
+
+
 class VllmEngine:
     """A vLLM engine loaded once, fed chat conversations as token ids through vLLM's public APIs (vllm_feeds): the
     engine-level LLMEngine when its core runs in this process, AsyncLLM's streams when it runs in its own."""
@@ -130,6 +158,7 @@ class VllmEngine:
         args = engine_args(engine_kwargs(cfg), cfg.model, asynchronous=not in_process)
         self._feed: Feed = InProcess(args) if in_process else EventLoop(args)
         self._tokenizer = self._feed.tokenizer
+        self._prompt_ids = PromptIds(self.encode)
         self._client_errors = client_errors()
         self._ids = itertools.count()
         self._params = sampling_params(cfg, final_only=True)
@@ -176,13 +205,14 @@ class VllmEngine:
     def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: Retry | None = None) -> str:
         # Requests join the running batch while older ones decode (a batch call would wait for its longest answer).
         request_id = str(next(self._ids))
-        self._add(request_id, self.render(conversation), self.params(lang, retry))
+        self._add(request_id, conversation, self.params(lang, retry))
         return request_id
 
-    def _add(self, request_id: str, prompt: str, params: Any) -> None:
+    def _add(self, request_id: str, conversation: Sequence[Message], params: Any) -> None:
         """The one place a request enters vLLM: the prompt tokenised here, once (vLLM takes the ids as they are)."""
         try:
-            self._feed.add(request_id, self.encode(prompt), params)
+            self._feed.add(request_id, self._prompt_ids(self.render(conversation), conversation[-1]["content"]),
+                           params)
         except self._client_errors as exc:
             raise RequestError(str(exc)) from exc
 
