@@ -19,7 +19,7 @@ from qwenspark.batching import rechunk, truncate_by_tokens
 from qwenspark.calibrate import calibrated
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
-from qwenspark.engines.base import Completion, Engine, Message, Retry, StreamingEngine, Tokenizing
+from qwenspark.engines.base import Completion, Engine, Message, Retry, StreamingEngine, Tokenizing, refusal
 from qwenspark.errors import RequestError
 from qwenspark.faults import failpoint
 from qwenspark.guard import strip_directives
@@ -436,7 +436,7 @@ class ContinuousFeed:
             rid = (self.engine.submit(batch.conversations[j], lang, retry=retry) if retry is not None
                    else self.engine.submit(batch.conversations[j], lang))
         except RequestError as exc:  # refused at admission: that row's error, not the task's
-            batch.fill(j, f"engine refused the request: {str(exc)[:500]}", 0)
+            batch.fill(j, refusal(exc), 0)
             return
         self.owner[rid] = (batch, j, started)
 
@@ -479,5 +479,5 @@ def generate_isolating(
         try:
             results.extend(engine.generate([conv], None if langs is None else [langs[j]], **options))
         except RequestError as exc:
-            results.append(f"engine refused the request: {str(exc)[:500]}")
+            results.append(refusal(exc))
     return results

@@ -49,6 +49,11 @@ def resolve_dtype(dtype: str, on_gpu: bool, cpuinfo: str | None = None) -> str:
     return "bfloat16" if on_gpu or cpu_has_bf16(cpuinfo) else "float32"
 
 
+def refusal(reason: object) -> str:
+    """The error stored for a row whose request the engine refused (a prompt longer than the context, ...)."""
+    return f"engine refused the request: {str(reason)[:500]}"
+
+
 @dataclass(frozen=True)
 class Completion:
     """One generated answer and its token accounting."""

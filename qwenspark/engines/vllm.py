@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
-from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, resolve_dtype
+from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, refusal, resolve_dtype
 from qwenspark.errors import EngineError, RequestError
 from qwenspark.parse import answer_schemas
 
@@ -188,19 +188,19 @@ class VllmEngine:
         retry: Retry | None = None,
     ) -> list[Completion]:
         ids: list[str] = []
-        done: dict[str, Completion | str] = {}
+        done: dict[str, Any] = {}
         try:
             for j, conversation in enumerate(conversations):
                 ids.append(self.submit(conversation, None if langs is None else langs[j], retry=retry))
             mine = set(ids)
             while len(done) < len(ids):
-                done.update((rid, out) for rid, out in self.step() if rid in mine)
+                done.update((rid, out) for rid, out in self._feed.finished() if rid in mine)
         finally:
             self.abort([i for i in ids if i not in done])
-        refused = next((x for x in done.values() if isinstance(x, str)), None)
+        refused = next((x for x in done.values() if isinstance(x, RequestError)), None)
         if refused is not None:  # generate_isolating then asks again one by one to find the row
-            raise RequestError(refused)
-        return [done[i] for i in ids]  # type: ignore[misc]
+            raise refused
+        return [_completion(done[i]) for i in ids]
 
     def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: Retry | None = None) -> str:
         # Requests join the running batch while older ones decode (a batch call would wait for its longest answer).
@@ -217,8 +217,8 @@ class VllmEngine:
             raise RequestError(str(exc)) from exc
 
     def step(self) -> list[tuple[str, Completion | str]]:
-        return [(rid, f"engine refused the request: {str(out)[:500]}" if isinstance(out, RequestError)
-                 else _completion(out)) for rid, out in self._feed.finished()]
+        return [(rid, refusal(out) if isinstance(out, RequestError) else _completion(out))
+                for rid, out in self._feed.finished()]
 
     def abort(self, request_ids: Sequence[str]) -> None:
         if request_ids:

@@ -32,6 +32,7 @@ from starlette.routing import Route
 from qwenspark.analyze import AnalyzeSpec, PreparedBatch, templated
 from qwenspark.clean import clean_lang, clean_text
 from qwenspark.config import QwenSparkConfig
+from qwenspark.engines.base import refusal
 from qwenspark.errors import ConfigError, EngineError, RequestError
 from qwenspark.models.identity import model_identity
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS
@@ -269,7 +270,7 @@ class Service:
                             label = None
                     done = part.done
             except RequestError as exc:  # this review refused (e.g. longer than the context): its row's error
-                batch.fill(j, f"engine refused the request: {str(exc)[:500]}", _ms(started))
+                batch.fill(j, refusal(exc), _ms(started))
                 return
             if done is None:
                 raise EngineError("serve: the engine ended a request without an answer")
