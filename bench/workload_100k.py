@@ -206,12 +206,9 @@ def bare_llm_generate(cfg: EngineConfig, plan: LengthPlan, warm: list[Any], conv
                       langs: list[str]) -> tuple[float, int, dict[str, Any]]:
     """vLLM's own best case: a plain vllm.LLM with the engine's settings, one LLM.generate over the conversations with
     the engine's per-request settings and the planned lengths; shut down after. (seconds, output tokens, settings)"""
-    import gc
-
-    import torch
     from vllm import LLM
 
-    from qwenspark.engines.vllm import apply_env, engine_kwargs, sampling_params
+    from qwenspark.engines.vllm import _release_process_memory, apply_env, engine_kwargs, sampling_params
 
     apply_env(cfg)
     llm = LLM(cfg.model, **engine_kwargs(cfg))
@@ -231,9 +228,7 @@ def bare_llm_generate(cfg: EngineConfig, plan: LengthPlan, warm: list[Any], conv
     settings = _engine_settings(llm)
     llm.llm_engine.engine_core.shutdown()
     del llm
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    _release_process_memory()  # as VllmEngine.close does: the engine loads next, on the same GPU
     return seconds, tokens, settings
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +34,13 @@ def _frame(texts: list[str], langs: list[str], first_id: int) -> pd.DataFrame:
     )
 
 
+def _wait(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 def test_engine_core_in_its_own_process_through_async_streams(tiny_model: Path) -> None:
     cfg = EngineConfig(kind="vllm", model=str(tiny_model), max_tokens=384, max_model_len=2048, enforce_eager=True,
                        batch_size=4, max_in_flight=6,
@@ -48,8 +57,13 @@ def test_engine_core_in_its_own_process_through_async_streams(tiny_model: Path) 
 
         # Requests dropped half way leave nothing that a later call could take for its own.
         template = get_template("v1")
+        llm = engine._feed._llm  # type: ignore[attr-defined]
         dropped = [engine.submit(template.messages(t, g), g) for t, g in SAMPLE_REVIEWS[:3]]
+        _wait(lambda: llm.get_num_unfinished_requests() == 3)  # vLLM's own count: all three are decoding
         engine.abort(dropped)
+        _wait(lambda: llm.get_num_unfinished_requests() == 0)
+        time.sleep(0.5)
+        assert engine._feed._done.empty(), "an aborted request still delivered an answer"  # type: ignore[attr-defined]
 
         # The executor function as mapInPandas calls it: 2 frames, continuous feed, one row far too long for the
         # context (vLLM refuses it once queued: that row's error, the others answered).
