@@ -149,13 +149,16 @@ class ValidShare:
     seeded) gets a canned valid answer in its review's language in place of its text, with the tokens it generated;
     the others are retried with the grammar by the executor, as in production. Wraps the engine's submit/step."""
 
-    ANSWER: ClassVar[dict[str, str]] = {
-        "zh": '{"sentiment":"positive","summary":"房间干净，服务很好","aspects":{"room":"positive"}}',
-        "en": '{"sentiment":"positive","summary":"Clean room, kind staff","aspects":{"room":"positive"}}',
+    ANSWER: ClassVar[dict[str, dict[str, str]]] = {  # by answer format (engine.answer_format), then language
+        "json": {"zh": '{"sentiment":"positive","summary":"房间干净，服务很好","aspects":{"room":"positive"}}',
+                 "en": '{"sentiment":"positive","summary":"Clean room, kind staff","aspects":{"room":"positive"}}'},
+        "lines": {"zh": "positive\n房间干净，服务很好\nroom:positive",
+                  "en": "positive\nClean room, kind staff\nroom:positive"},
     }
 
-    def __init__(self, engine: Any, share: float) -> None:
+    def __init__(self, engine: Any, share: float, answer_format: str) -> None:
         self.share, self.first, self.retried = share, {}, 0
+        answers = self.ANSWER[answer_format]
         submit, step = engine.submit, engine.step
 
         def valid_submit(conversation: Any, lang: str | None = None, **kw: Any) -> str:
@@ -172,7 +175,7 @@ class ValidShare:
             out = []
             for rid, done in step():
                 lang = self.first.pop(rid, None)
-                text = self.ANSWER.get(lang or "en", self.ANSWER["en"])
+                text = answers.get(lang or "en", answers["en"])
                 out.append((rid, done if lang is None else dataclasses.replace(done, text=text, finish_reason="stop")))
             return out
 
@@ -186,12 +189,9 @@ def strategy(name: str) -> tuple[str, float | None]:
     from qwenspark import prompts
 
     version, _, share = name.partition("@")
-    base = version.removesuffix("-noscript").removesuffix("-guided").removesuffix("-noscript")
+    base = version.removesuffix("-noscript")  # VERSION-guided is a version of its own (prompts.get_template)
     if version != base:
-        prompts.TEMPLATES[version] = dataclasses.replace(
-            get_template(base), version=version,
-            optimistic=get_template(base).optimistic and "-guided" not in version,
-            summary_script=get_template(base).summary_script and "-noscript" not in version)
+        prompts.TEMPLATES[version] = dataclasses.replace(get_template(base), version=version, summary_script=False)
     return version, float(share) if share else None
 
 
@@ -265,7 +265,7 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
     engine, _ = cache.get_engine(cfg, devices=devices)
     load_s = time.perf_counter() - t0
     plan.attach(engine)
-    valid = ValidShare(engine, valid_share) if cfg.optimistic else None
+    valid = ValidShare(engine, valid_share, cfg.answer_format) if cfg.optimistic else None
     engine.generate(warm_conv, langs[:64])
     if args.bare == "engine":
         t0 = time.perf_counter()

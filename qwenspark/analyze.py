@@ -142,6 +142,7 @@ def templated(cfg: EngineConfig, prompt_version: str) -> EngineConfig:
         "summary_max_chars": template.summary_max_chars,
         "summary_script": template.summary_script,
         "aspect_map": template.aspect_map,
+        "answer_format": template.answer_format,
         # A penalty the user set explicitly wins (a measurement of another value); else the version's own.
         "frequency_penalty": cfg.frequency_penalty or template.frequency_penalty,
         "repair_penalty": cfg.repair_penalty if cfg.repair_penalty is not None else template.repair_penalty,
@@ -217,6 +218,7 @@ class PreparedBatch:
             raise ValueError(f"analyze stage: input lacks columns {missing}")
         template = get_template(spec.prompt_version)
         self.label_bias, self.aspect_map = template.label_bias, template.aspect_map
+        self.answer_format = template.answer_format
         # The engine was built with templated(spec.engine): the same rules decide which answers it generates again.
         settings = templated(spec.engine, spec.prompt_version)
         self.repairs, self.optimistic = bool(settings.repair_penalty), settings.optimistic
@@ -278,7 +280,8 @@ class PreparedBatch:
         grammar (optimistic) that does not fit it, "penalty" for one cut or looping when the prompt version repairs
         those."""
         i = self.todo[j]
-        parsed = None if isinstance(done, str) else parse_completion(done.text, done.finish_reason, self.aspect_map)
+        parsed = None if isinstance(done, str) else parse_completion(
+            done.text, done.finish_reason, self.aspect_map, self.answer_format)
         if j not in self.repaired and isinstance(done, Completion) and parsed is not None:
             retry = self._retry(done, parsed, self.langs[i])
             if retry is not None:
@@ -310,7 +313,7 @@ class PreparedBatch:
     def early_label(self, j: int, text: str, label_logprobs: dict[str, float] | None) -> str | None:
         """The label conversation j will be stored with, from its answer so far (the label is the answer's first
         field): None until the label's value has closed. The service sends it before the rest is decoded."""
-        found = _EARLY_LABEL.match(text)
+        found = _EARLY_LABEL[self.answer_format].match(text)
         if found is None:
             return None
         i, answer = self.todo[j], found.group(1)
@@ -379,8 +382,11 @@ class PreparedBatch:
         return out
 
 
-# The start of a verdict-first answer once its label has closed (guided output has no whitespace).
-_EARLY_LABEL = re.compile(r'\s*\{\s*"sentiment"\s*:\s*"(positive|negative|neutral|mixed)"')
+# The start of a verdict-first answer once its label has closed (guided output has no whitespace), by answer format.
+_EARLY_LABEL: dict[str, re.Pattern[str]] = {
+    "json": re.compile(r'\s*\{\s*"sentiment"\s*:\s*"(positive|negative|neutral|mixed)"'),
+    "lines": re.compile(r"\s*(positive|negative|neutral|mixed)\n"),
+}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 

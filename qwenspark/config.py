@@ -318,6 +318,10 @@ class EngineConfig(_Section):
         False, description="The guided answer's aspects as one object, aspect -> sentiment (fewer tokens). The job "
         "sets it from prompt.version's template; leave it unset.",
     )
+    answer_format: Literal["json", "lines"] = Field(
+        "json", description="What the engine writes: one JSON object, or the same fields as three lines in fewer "
+        "tokens (parse.AnswerFormat); stored alike. The job sets it from prompt.version's template; leave it unset.",
+    )
     frequency_penalty: float = Field(
         0.0, ge=-2.0, le=2.0, description="Penalty on each output token by how often the answer has used it already "
         "(OpenAI semantics): it breaks the summary loops of a small model. The job sets it from prompt.version's "
@@ -454,10 +458,12 @@ class PromptConfig(_Section):
     @classmethod
     def _known_version(cls, value: str) -> str:
         # Checked at load time: an unknown version would otherwise fail only inside the first Spark task.
-        from qwenspark.prompts import TEMPLATES
+        from qwenspark.prompts import get_template
 
-        if value not in TEMPLATES:
-            raise ValueError(f"unknown {value!r}; known: {', '.join(TEMPLATES)}")
+        try:
+            get_template(value)
+        except ConfigError as exc:  # its message names prompt.version already; pydantic adds the field
+            raise ValueError(str(exc).removeprefix("prompt.version: ")) from None
         return value
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
-from qwenspark.schemas import ASPECT_SENTIMENTS, ASPECTS, ReviewAnalysis
+from qwenspark.schemas import ASPECT_SENTIMENTS, ASPECTS, SENTIMENTS, SUMMARY_MAX_CHARS, ReviewAnalysis
 
 if TYPE_CHECKING:
     from qwenspark.config import EngineConfig
@@ -31,6 +31,14 @@ class Parsed:
 
 
 AnswerOrder = Literal["verdict_first", "verdict_last"]
+# What the engine writes (engine.answer_format, from the prompt version): "json", the answer as one JSON object; or
+# "lines" (v13), three lines that hold the same record in about a third fewer tokens (no keys, quotes or braces):
+#   negative
+#   "Overpriced, smelly room, cold breakfast; only the location is good."
+#   room:negative location:positive breakfast/food:negative
+# the label, the summary in double quotes (lines_grammar says why), then the aspects (the line may be empty). parse_completion reads either into the same record,
+# stored as before.
+AnswerFormat = Literal["json", "lines"]
 # The order guided decoding writes the answer's fields in. A causal model conditions each field on those before
 # it: verdict_last makes it name the aspects and summarise the stay before it decides the label, which a label
 # sentence injected into the review sways far less (bench/injection.py).
@@ -87,16 +95,48 @@ def json_schema(order: AnswerOrder = "verdict_first", summary_max_chars: int | N
     return schema
 
 
-def answer_schemas(cfg: EngineConfig) -> dict[str | None, dict[str, Any]]:
-    """The guided schemas an engine needs for its answer settings (set from the prompt version), by review language:
-    None for any language, plus one per SUMMARY_SCRIPTS language when engine.summary_script is set."""
+_ASPECT_ITEM = f"({'|'.join(re.escape(a) for a in ASPECTS)}):({'|'.join(ASPECT_SENTIMENTS)})"
+
+
+def _alternatives(words: tuple[str, ...]) -> str:
+    return "(" + " | ".join(json.dumps(w) for w in words) + ")"
+
+
+def lines_grammar(summary_max_chars: int | None = None, summary_lang: str | None = None) -> str:
+    """The grammar (xgrammar EBNF) handed to guided decoding for answers in lines: a label, a quoted summary of at most
+    summary_max_chars (in its language's script with summary_lang, SUMMARY_SCRIPTS), then up to one aspect:sentiment
+    item per aspect, separated by single spaces. Bounded everywhere, so decoding always ends.
+
+    Why EBNF and quotes: the summary's bounded repetition as a plain regular expression, or ended by the newline,
+    cost xgrammar 280-480 us of mask work per token (the tokenizer has thousands of tokens holding a newline, each
+    checked against what follows); as a Regex node ended by a quote, as inside JSON, 27 us (v10's JSON: 24)."""
+    first, rest = SUMMARY_SCRIPTS.get(summary_lang or "", (f"[^ {_NOT_JSON}]", f"[^{_NOT_JSON}]"))
+    bound = min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS)
+    item = f'{_alternatives(ASPECTS)} ":" {_alternatives(ASPECT_SENTIMENTS)}'
+    return "\n".join([
+        f'root ::= {_alternatives(SENTIMENTS)} "\\n\\"" summary "\\"\\n" aspects',
+        f'summary ::= Regex({json.dumps(f"^{first}{rest}{{0,{bound - 1}}}$")}) (="\\"")',
+        f'aspects ::= (item (" " item){{0,{len(ASPECTS) - 1}}})?',
+        f"item ::= {item}",
+    ])
+
+
+def answer_grammars(cfg: EngineConfig) -> dict[str | None, dict[str, Any]]:
+    """The guided grammars an engine needs for its answer settings (set from the prompt version), by review language:
+    None for any language, plus one per SUMMARY_SCRIPTS language when engine.summary_script is set. Each is
+    {"json": schema} or, for answers in lines, {"grammar": ebnf}: the keywords of vLLM's StructuredOutputsParams."""
     langs: tuple[str | None, ...] = (None, *SUMMARY_SCRIPTS) if cfg.summary_script else (None,)
-    return {lang: json_schema(cfg.answer_order, cfg.summary_max_chars, lang, cfg.aspect_map) for lang in langs}
+    if cfg.answer_format == "lines":
+        return {lang: {"grammar": lines_grammar(cfg.summary_max_chars, lang)} for lang in langs}
+    return {lang: {"json": json_schema(cfg.answer_order, cfg.summary_max_chars, lang, cfg.aspect_map)}
+            for lang in langs}
 
 
-def parse_completion(text: str, finish_reason: str | None = None, aspect_map: bool = False) -> Parsed:
+def parse_completion(text: str, finish_reason: str | None = None, aspect_map: bool = False,
+                     answer_format: AnswerFormat = "json") -> Parsed:
     """Validate one completion. A cut-off output is reported as such, not as a JSON error. aspect_map: the answer's
-    aspects are an object (ASPECT_MAP_SCHEMA), read into the stored list in its order.
+    aspects are an object (ASPECT_MAP_SCHEMA), read into the stored list in its order; answer_format "lines": the
+    answer is in lines (AnswerFormat).
 
     finish_reason "error: <reason>" marks a row the engine refused for its content (engines/openai.py: HTTP
     400/413/422 or a malformed answer); outages raise EngineError instead and fail the task.
@@ -105,6 +145,8 @@ def parse_completion(text: str, finish_reason: str | None = None, aspect_map: bo
         return Parsed(None, "engine: " + finish_reason[len("error: ") :])
     if finish_reason == "length":
         return Parsed(None, f"{CUT_ERROR}: {text[:_ERR_MAX]!r}")
+    if answer_format == "lines":
+        return _validated(*_read_lines(text))
     stripped = text.strip()
     # Unguided models sometimes wrap JSON in a markdown fence; guided ones never do.
     if stripped.startswith("```"):
@@ -118,6 +160,32 @@ def parse_completion(text: str, finish_reason: str | None = None, aspect_map: bo
         if not isinstance(aspects, dict):
             return Parsed(None, f"parse: schema: aspects: not an object of aspect -> sentiment: {text[:_ERR_MAX]!r}")
         data = {**data, "aspects": [{"aspect": name, "sentiment": feeling} for name, feeling in aspects.items()]}
+    return _validated(data, None)
+
+
+def _read_lines(text: str) -> tuple[Any, str | None]:
+    """An answer in lines (AnswerFormat) as the record's fields, or the reason it is not one."""
+    lines = [line.strip() for line in text.strip().split("\n")]
+    if len(lines) == 2:  # no aspect named: the last line is empty
+        lines.append("")
+    if len(lines) != 3 or lines[0] not in SENTIMENTS:
+        return None, f"parse: not three lines (label, summary, aspects): {text[:_ERR_MAX]!r}"
+    aspects = []
+    for item in lines[2].split():
+        name, _, feeling = item.partition(":")
+        if name not in ASPECTS or feeling not in ASPECT_SENTIMENTS:
+            return None, f"parse: aspects: {item[:64]!r} is not aspect:sentiment: {text[:_ERR_MAX]!r}"
+        aspects.append({"aspect": name, "sentiment": feeling})
+    summary = lines[1]
+    if len(summary) >= 2 and summary[0] == summary[-1] == '"':  # the grammar's quotes; unguided answers may lack them
+        summary = summary[1:-1]
+    return {"sentiment": lines[0], "summary": summary, "aspects": aspects}, None
+
+
+def _validated(data: Any, error: str | None) -> Parsed:
+    """The record of the answer's fields, or the error (the reading's, or the schema's)."""
+    if error is not None:
+        return Parsed(None, error)
     try:
         record = ReviewAnalysis.model_validate(data)
     except ValidationError as exc:

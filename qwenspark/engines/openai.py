@@ -19,7 +19,7 @@ import httpx
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, Retry, attempt_settings
 from qwenspark.errors import ConfigError, EngineError
-from qwenspark.parse import answer_schemas
+from qwenspark.parse import answer_grammars
 
 log = logging.getLogger(__name__)
 
@@ -153,10 +153,16 @@ class OpenAIEngine:
         # The response format by review language (engine.summary_script), None: any language.
         self._formats: dict[str | None, dict[str, Any]] = {}
         if cfg.guided:
+            if cfg.answer_format != "json":  # the OpenAI API's response_format carries JSON schemas only
+                raise ConfigError(
+                    f"engine.kind openai: answers in {cfg.answer_format} (prompt.version v13) need a grammar the "
+                    "OpenAI API cannot carry; choose a JSON prompt version (v11 is v13's JSON twin) or engine.guided: "
+                    "false"
+                )
             self._formats = {
                 lang: {"type": "json_schema",
-                       "json_schema": {"name": "review_analysis", "strict": True, "schema": schema}}
-                for lang, schema in answer_schemas(cfg).items()
+                       "json_schema": {"name": "review_analysis", "strict": True, "schema": grammar["json"]}}
+                for lang, grammar in answer_grammars(cfg).items()
             }
         self._tokenizer: Any = None
         if cfg.tokenizer:

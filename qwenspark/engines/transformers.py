@@ -9,7 +9,7 @@ from typing import Any
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, resolve_dtype
 from qwenspark.errors import EngineError
-from qwenspark.parse import answer_schemas
+from qwenspark.parse import answer_grammars
 
 
 def _device(torch: Any, cfg: EngineConfig) -> str:
@@ -60,8 +60,9 @@ class TransformersEngine:
             )
             compiler = xgrammar.GrammarCompiler(info)
             self._grammars = {
-                lang: compiler.compile_json_schema(schema, any_whitespace=False)
-                for lang, schema in answer_schemas(cfg).items()
+                lang: compiler.compile_json_schema(grammar["json"], any_whitespace=False) if "json" in grammar
+                else compiler.compile_grammar(grammar["grammar"])
+                for lang, grammar in answer_grammars(cfg).items()
             }
 
     def encode(self, text: str) -> list[int]:

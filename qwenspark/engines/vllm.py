@@ -12,7 +12,7 @@ from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, refusal, resolve_dtype
 from qwenspark.errors import EngineError, RequestError
-from qwenspark.parse import answer_schemas
+from qwenspark.parse import answer_grammars
 
 if TYPE_CHECKING:
     from qwenspark.engines.vllm_feeds import Feed
@@ -90,7 +90,7 @@ def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tupl
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     params: dict[tuple[str | None, Retry | None], Any] = {}
-    for lang, schema in answer_schemas(cfg).items():
+    for lang, grammar in answer_grammars(cfg).items():
         for retry in (None, "grammar", "penalty"):
             guided, penalty = attempt_settings(cfg.optimistic, cfg.frequency_penalty, cfg.repair_penalty, retry)
             params[lang, retry] = SamplingParams(
@@ -99,7 +99,7 @@ def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tupl
                 seed=cfg.seed,
                 max_tokens=cfg.max_tokens,
                 logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
-                structured_outputs=StructuredOutputsParams(json=schema) if cfg.guided and guided else None,
+                structured_outputs=StructuredOutputsParams(**grammar) if cfg.guided and guided else None,
                 output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE,
             )
     return params

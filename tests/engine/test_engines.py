@@ -3,6 +3,7 @@ with summary_script writes each summary in its review's script."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -55,13 +56,14 @@ def test_guided_output_always_parses(kind: str, tiny_model: Path) -> None:
         engine.close()
 
 
-@pytest.mark.parametrize(("kind", "version"), [("vllm", "v7"), ("transformers", "v7"), ("vllm", "v9")])
+@pytest.mark.parametrize(("kind", "version"),
+                         [("vllm", "v7"), ("transformers", "v7"), ("vllm", "v9"), ("transformers", "v13-guided")])
 def test_summary_script_writes_each_summary_in_its_reviews_language(kind: str, version: str, tiny_model: Path) -> None:
     # A random model left to itself writes any characters; the grammar of each request's language must not let it.
     # v9's aspects come as one object, which parse reads back into the list.
     template = get_template(version)
     cfg = _cfg(kind, tiny_model, summary_max_chars=template.summary_max_chars, summary_script=True,
-               aspect_map=template.aspect_map)
+               aspect_map=template.aspect_map, answer_format=template.answer_format)
     reviews = [(text, lang) for text, lang in SAMPLE_REVIEWS if lang in ("zh", "en")] * 2
     assert {lang for _, lang in reviews} == {"zh", "en"}
     engine = build_engine(cfg)
@@ -70,37 +72,42 @@ def test_summary_script_writes_each_summary_in_its_reviews_language(kind: str, v
     finally:
         engine.close()
     for (_, lang), done in zip(reviews, completions, strict=True):
-        parsed = parse_completion(done.text, done.finish_reason, template.aspect_map)
+        parsed = parse_completion(done.text, done.finish_reason, template.aspect_map, template.answer_format)
         assert parsed.record is not None, parsed.error
         assert in_language(parsed.record.summary, lang), (lang, parsed.record.summary)
 
 
-@pytest.mark.parametrize("kind", ["vllm", "transformers"])
-def test_optimistic_decoding_ends_with_every_answer_fitting_the_grammar(kind: str, tiny_model: Path) -> None:
-    # v11 writes each answer without the grammar first. A random model then writes no JSON at all, so every row is
-    # generated again with the grammar (the worst case of the fallback): still one valid answer per row, each summary
-    # in its review's script, and the retry counted per row.
+@pytest.mark.parametrize(("kind", "version"),
+                         [("vllm", "v11"), ("transformers", "v11"), ("vllm", "v13"), ("transformers", "v13")])
+def test_optimistic_decoding_ends_with_every_answer_fitting_the_grammar(kind: str, version: str,
+                                                                        tiny_model: Path) -> None:
+    # v11 (JSON) and v13 (lines) write each answer without the grammar first. A random model then writes no valid
+    # answer at all, so every row is generated again with the grammar (the worst case of the fallback): still one
+    # valid answer per row, each summary in its review's script, and the retry counted per row.
     from qwenspark.analyze import AnalyzeSpec, PreparedBatch, templated
     from tests.unit.test_label_head import POSITIVE
 
     reviews = [(text, lang) for text, lang in SAMPLE_REVIEWS if lang in ("zh", "en")] + [(POSITIVE["zh"], "zh")]
-    spec = AnalyzeSpec(engine=_cfg(kind, tiny_model), prompt_version="v11", max_review_tokens=500)
-    engine = build_engine(templated(spec.engine, "v11"))
+    spec = AnalyzeSpec(engine=_cfg(kind, tiny_model), prompt_version=version, max_review_tokens=500)
+    engine = build_engine(templated(spec.engine, version))
+    template = get_template(version)
     chunk = pd.DataFrame(
         {"review_id": range(len(reviews)), "hotel_id": "h", "created_at": None, "lang": [g for _, g in reviews],
          "text": [t for t, _ in reviews], "input_key": "k", "clean_error": None},
         columns=CLEAN_SCHEMA.fieldNames(),
     )
     try:
-        first = engine.generate([get_template("v11").messages(t, g) for t, g in reviews], [g for _, g in reviews])
+        first = engine.generate([template.messages(t, g) for t, g in reviews], [g for _, g in reviews])
         batch = PreparedBatch(engine, chunk, spec)
         out = batch.run_sync(engine)
     finally:
         engine.close()
-    assert sum(parse_completion(d.text, d.finish_reason, True).record is not None for d in first) < len(reviews), \
+    fits = [parse_completion(d.text, d.finish_reason, True, template.answer_format).record for d in first]
+    assert sum(record is not None for record in fits) < len(reviews), \
         "unguided, the random model's answers do not all parse (else this test shows nothing)"
     assert len(out) == len(reviews) and out["review_id"].tolist() == list(range(len(reviews)))
     assert out["error"].isna().all() and out["sentiment"].notna().all(), out["error"].tolist()
+    assert all(json.loads(a) is not None for a in out["aspects"])  # stored as the JSON list, whatever was written
     assert all(in_language(s, g) for s, (_, g) in zip(out["summary"], reviews, strict=True))
     # Retried with the grammar: "grammar" for answers that ended unfit, "penalty" (the grammar and the repair
     # penalty) for those that ran to max_tokens, as a random model's unguided text mostly does.

@@ -142,6 +142,14 @@ def test_openai_without_base_url_names_the_key() -> None:
     assert load_config(None, ["engine.model=m"]).engine.base_url is None
 
 
+def test_openai_refuses_answers_in_lines_with_the_grammar() -> None:
+    # The OpenAI API carries JSON schemas only: v13's grammar would silently not be applied, so it is refused.
+    cfg = EngineConfig(kind="openai", model="m", base_url="http://127.0.0.1:9/v1", answer_format="lines")
+    with pytest.raises(ConfigError, match=r"v11 is v13's JSON twin"):
+        OpenAIEngine(cfg)
+    OpenAIEngine(cfg.model_copy(update={"guided": False})).close()
+
+
 def test_retry_after_header_forms() -> None:
     assert _retry_after_s("2") == 2.0
     assert _retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # a date in the past: go now

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from qwenspark.config import EngineConfig
+from qwenspark.config import EngineConfig, load_config
 from qwenspark.errors import ConfigError
-from qwenspark.parse import answer_schemas, aspects_json, json_schema, parse_completion
+from qwenspark.parse import answer_grammars, aspects_json, json_schema, lines_grammar, parse_completion
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.schemas import ASPECTS, SENTIMENTS, SUMMARY_MAX_CHARS
 
@@ -190,12 +190,15 @@ def test_summary_script_patterns(lang: str, summary: str, ok: bool) -> None:
     assert _is_grammar_accept_string(grammar, answer) is ok
 
 
-def test_answer_schemas_by_language() -> None:
-    assert list(answer_schemas(EngineConfig(model="m", summary_max_chars=100))) == [None]
-    both = answer_schemas(EngineConfig(model="m", summary_max_chars=100, summary_script=True))
+def test_answer_grammars_by_language() -> None:
+    assert list(answer_grammars(EngineConfig(model="m", summary_max_chars=100))) == [None]
+    both = {lang: g["json"] for lang, g in
+            answer_grammars(EngineConfig(model="m", summary_max_chars=100, summary_script=True)).items()}
     assert list(both) == [None, "zh", "en"]
     assert both[None] == json_schema("verdict_first", 100) and "pattern" not in both[None]["properties"]["summary"]
     assert both["zh"]["properties"]["summary"]["pattern"] != both["en"]["properties"]["summary"]["pattern"]
+    lines = answer_grammars(EngineConfig(model="m", summary_max_chars=100, summary_script=True, answer_format="lines"))
+    assert list(lines) == [None, "zh", "en"] and all(set(g) == {"grammar"} for g in lines.values())
 
 
 def test_v9_writes_the_aspects_as_one_object_and_stores_them_as_before() -> None:
@@ -233,3 +236,97 @@ def test_an_aspect_map_answer_is_validated(aspects: object, error: str | None) -
         assert json.loads(aspects_json(parsed.record)) == [{"aspect": k, "sentiment": v} for k, v in aspects.items()]  # type: ignore[union-attr]
     else:
         assert parsed.record is None and parsed.error is not None and error in parsed.error
+
+
+# --- v13: answers in lines ----------------------------------------------------------------------------------
+
+
+def _accepts(ebnf: str, text: str) -> bool:
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    return bool(_is_grammar_accept_string(xgrammar.Grammar.from_ebnf(ebnf), text))
+
+
+def test_v13_writes_v10s_records_as_lines_in_fewer_characters() -> None:
+    v10, v13 = get_template("v10"), get_template("v13")
+    assert v13.answer_format == "lines" and v13.optimistic and v13.summary_script and not v13.head_logprobs
+    assert (v13.label_head, v13.summary_max_chars, v13.repair_penalty) == (
+        v10.label_head, v10.summary_max_chars, v10.repair_penalty)
+    for (review, old), (same, new) in zip(v10.examples, v13.examples, strict=True):
+        assert review == same and len(new) < 0.8 * len(old)
+        a, b = parse_completion(old, aspect_map=True), parse_completion(new, answer_format="lines")
+        assert a.record is not None and b.record is not None, b.error
+        assert b.record == a.record
+        # The grammar of the review's language takes the few-shot answer as written.
+        lang = detect_lang(review, None)
+        assert _accepts(lines_grammar(v13.summary_max_chars, lang), new), new
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ('negative\n"Bad room, rude staff."\nroom:negative service:negative', True),
+        ('mixed\n"Great pool; the room was dirty."\n', True),  # no aspect named
+        ('positive\n"Nice."\nroom:positive service:positive location:positive cleanliness:positive '
+         "breakfast/food:positive price/value:positive facilities:positive noise:neutral", True),  # all eight
+        ('negative\nBad room.\nroom:negative', False),  # the summary in quotes
+        ('great\n"Bad room."\nroom:negative', False),  # not a label
+        ('negative\n"' + "a" * 101 + '"\nroom:negative', False),  # summary over 100 characters
+        ('negative\n"' + "a" * 100 + '"\nroom:negative', True),
+        ('negative\n"房间很差"\nroom:negative', False),  # an English review's summary in Chinese
+        ('negative\n"Bad "room"."\nroom:negative', False),  # no quote inside
+        ('negative\n"Bad room."\nroom:terrible', False),
+        ('negative\n"Bad room."\npool:negative', False),
+        ('negative\n"Bad room."\nroom:negative  noise:negative', False),  # items separated by one space
+        ('negative\n"Bad room."\nroom:negative\n', False),  # nothing after the aspects
+        ('negative\n" Bad room."\n', False),  # the summary starts with a letter
+    ],
+)
+def test_v13_grammar_bounds_every_line(text: str, ok: bool) -> None:
+    assert _accepts(lines_grammar(100, "en"), text) is ok
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('negative\n"Bad room."\nroom:negative noise:negative\n', None),
+        ("negative\nBad room.\nroom:negative", None),  # unguided, without the quotes: the same record
+        ("  positive\n  Fine.  \n", None),  # unguided spacing is forgiven
+        ("positive\nFine.\nroom:positive room:negative", None),  # the first mention of an aspect is kept
+        ('{"sentiment":"positive","summary":"Fine.","aspects":{}}', "not three lines"),
+        ("positive\nFine.\nroom:positive\nextra line", "not three lines"),
+        ("Positive\nFine.\n", "not three lines"),
+        ("positive\nFine.\nroom=positive", "aspects: 'room=positive' is not aspect:sentiment"),
+        ("positive\n\nroom:positive", "parse: schema: summary"),
+    ],
+)
+def test_an_answer_in_lines_is_validated(text: str, error: str | None) -> None:
+    parsed = parse_completion(text, "stop", answer_format="lines")
+    if error is None:
+        assert parsed.error is None and parsed.record is not None
+        assert len({m.aspect for m in parsed.record.aspects}) == len(parsed.record.aspects)
+        if "room:negative" in text and "room:positive" in text:
+            assert parsed.record.aspects[0].sentiment == "positive"
+    else:
+        assert parsed.record is None and parsed.error is not None and error in parsed.error
+
+
+def test_guided_suffix_decodes_an_optimistic_version_with_the_grammar_from_the_first_token() -> None:
+    guided = get_template("v13-guided")
+    assert guided.version == "v13-guided" and not guided.optimistic
+    assert guided.system == get_template("v13").system and guided.answer_format == "lines"
+    with pytest.raises(ConfigError, match="decoded with the grammar already"):
+        get_template("v10-guided")
+    with pytest.raises(ConfigError, match=r"prompt\.version: unknown|grammar already"):
+        load_config(None, ["engine.model=m", "prompt.version=v10-guided"])
+    assert load_config(None, ["engine.model=m", "prompt.version=v13-guided"]).prompt.version == "v13-guided"
+
+
+def test_the_early_label_of_an_answer_in_lines() -> None:
+    from qwenspark.analyze import _EARLY_LABEL
+
+    assert _EARLY_LABEL["lines"].match("negative") is None  # not closed: "negative" could still grow
+    found = _EARLY_LABEL["lines"].match("negative\nBad")
+    assert found is not None and found.group(1) == "negative"
+    assert _EARLY_LABEL["json"].match("negative\nBad") is None
