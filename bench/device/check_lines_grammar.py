@@ -13,8 +13,8 @@ from transformers import AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from qwenspark.parse import json_schema, lines_grammar  # noqa: E402
-from qwenspark.prompts import detect_lang, get_template  # noqa: E402
+from qwenspark.parse import json_schema, lines_grammar
+from qwenspark.prompts import detect_lang, get_template
 
 
 def mask_us_per_token(compiled: object, ids: list[int], vocab: int) -> float:
