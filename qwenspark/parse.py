@@ -36,8 +36,8 @@ AnswerOrder = Literal["verdict_first", "verdict_last"]
 #   negative
 #   "Overpriced, smelly room, cold breakfast; only the location is good."
 #   room:negative location:positive breakfast/food:negative
-# the label, the summary in double quotes (lines_grammar says why), then the aspects (the line may be empty). parse_completion reads either into the same record,
-# stored as before.
+# the label, the summary in double quotes (lines_grammar says why), then the aspects (the line may be empty).
+# parse_completion reads either into the same record, stored as before.
 AnswerFormat = Literal["json", "lines"]
 # The order guided decoding writes the answer's fields in. A causal model conditions each field on those before
 # it: verdict_last makes it name the aspects and summarise the stay before it decides the label, which a label

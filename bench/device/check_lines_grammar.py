@@ -38,9 +38,9 @@ def main() -> None:
         schema = json.dumps(json_schema("verdict_first", 100, lang, True))
         as_json = json.dumps(json.loads(old), ensure_ascii=False, separators=(", ", ": "))
         costs = {"json": mask_us_per_token(compiler.compile_json_schema(schema, any_whitespace=False),
-                                           tok.encode(as_json) + [tok.eos_token_id], len(tok)),
+                                           [*tok.encode(as_json), tok.eos_token_id], len(tok)),
                  "lines": mask_us_per_token(compiler.compile_grammar(lines_grammar(100, lang)),
-                                            tok.encode(new) + [tok.eos_token_id], len(tok))}
+                                            [*tok.encode(new), tok.eos_token_id], len(tok))}
         print(json.dumps({"lang": lang, "mask_us_per_token": {k: round(v, 1) for k, v in costs.items()}}))
 
 
