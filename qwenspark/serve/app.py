@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from qwenspark.analyze import AnalyzeSpec, PreparedBatch, templated
 from qwenspark.clean import clean_lang, clean_text
-from qwenspark.config import QwenSparkConfig
+from qwenspark.config import EngineConfig, QwenSparkConfig
 from qwenspark.engines.base import refusal
 from qwenspark.errors import ConfigError, EngineError, RequestError
 from qwenspark.models.identity import model_identity
@@ -416,6 +416,12 @@ def _line(obj: Mapping[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def serve_engine_config(cfg: QwenSparkConfig) -> EngineConfig:
+    """The service's engine settings: the prompt version's, with every answer guided from its first token (latency
+    first: an optimistic version's second attempt would double the latency of the answers that misfit)."""
+    return templated(cfg.engine, cfg.prompt.version).model_copy(update={"optimistic": False})
+
+
 def serve(cfg: QwenSparkConfig, host: str | None = None, port: int | None = None) -> None:
     """Load the engine and serve until interrupted (`qwenspark serve`)."""
     import uvicorn
@@ -424,9 +430,8 @@ def serve(cfg: QwenSparkConfig, host: str | None = None, port: int | None = None
 
     host, port = host or cfg.serve.host, port or cfg.serve.port
     check_bind(host, cfg.serve.api_key())
-    engine_cfg = templated(cfg.engine, cfg.prompt.version)
-    if engine_cfg.optimistic:  # latency first: every answer guided from its first token
-        engine_cfg = engine_cfg.model_copy(update={"optimistic": False})
+    engine_cfg = serve_engine_config(cfg)
+
     async def main() -> None:
         from qwenspark.serve.store import Store
 

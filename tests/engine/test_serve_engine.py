@@ -14,10 +14,9 @@ import httpx
 import pytest
 import uvicorn
 
-from qwenspark.analyze import templated
 from qwenspark.config import validate_config
 from qwenspark.scoring import in_language
-from qwenspark.serve.app import Service, create_app
+from qwenspark.serve.app import Service, create_app, serve_engine_config
 from qwenspark.serve.engine import AsyncVllm
 from tests.conftest import SAMPLE_REVIEWS
 
@@ -30,16 +29,18 @@ def _port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_concurrent_requests_and_the_label_first_stream_over_a_socket(tiny_model: Path) -> None:
+# v13 writes its answers as lines: the label is the first line, sent as soon as its newline is decoded.
+@pytest.mark.parametrize("version", ["v10", "v13"])
+def test_concurrent_requests_and_the_label_first_stream_over_a_socket(version: str, tiny_model: Path) -> None:
     cfg = validate_config({
         "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 160, "max_model_len": 2048,
                    "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
-        "prompt": {"version": "v10"}, "serve": {"max_queue": 64},
+        "prompt": {"version": version}, "serve": {"max_queue": 64},
     })
     port = _port()
 
     async def go() -> tuple[list[httpx.Response], list[tuple[float, dict[str, Any]]]]:
-        engine = await AsyncVllm.start(templated(cfg.engine, "v10"))
+        engine = await AsyncVllm.start(serve_engine_config(cfg))
         server = uvicorn.Server(uvicorn.Config(create_app(Service(cfg, engine)), host="127.0.0.1", port=port,
                                                log_level="warning"))
         serving = asyncio.create_task(server.serve())
@@ -72,8 +73,8 @@ def test_concurrent_requests_and_the_label_first_stream_over_a_socket(tiny_model
         lang = (SAMPLE_REVIEWS * 2)[i][1]
         assert result["review_id"] == i and result["error"] is None, result
         assert result["sentiment"] in ("positive", "negative", "neutral", "mixed")
-        assert in_language(result["summary"], lang), result  # v10's grammar, per request's language
-        assert result["prompt_version"] == "v10" and result["tokens_out"] > 0
+        assert in_language(result["summary"], lang), result  # the version's grammar, per request's language
+        assert result["prompt_version"] == version and result["tokens_out"] > 0
     (t_label, label), (t_result, result) = lines
     assert set(label) == {"index", "sentiment", "label_ms"} and result["result"]["sentiment"] == label["sentiment"]
     assert t_label < t_result, "the label line arrived before the answer's end"
