@@ -152,8 +152,8 @@ class ValidShare:
     ANSWER: ClassVar[dict[str, dict[str, str]]] = {  # by answer format (engine.answer_format), then language
         "json": {"zh": '{"sentiment":"positive","summary":"房间干净，服务很好","aspects":{"room":"positive"}}',
                  "en": '{"sentiment":"positive","summary":"Clean room, kind staff","aspects":{"room":"positive"}}'},
-        "lines": {"zh": "positive\n房间干净，服务很好\nroom:positive",
-                  "en": "positive\nClean room, kind staff\nroom:positive"},
+        "lines": {"zh": 'positive\n"房间干净，服务很好"\nroom:positive',
+                  "en": 'positive\n"Clean room, kind staff"\nroom:positive'},
     }
 
     def __init__(self, engine: Any, share: float, answer_format: str) -> None:

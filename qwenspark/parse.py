@@ -32,7 +32,7 @@ class Parsed:
 
 AnswerOrder = Literal["verdict_first", "verdict_last"]
 # What the engine writes (engine.answer_format, from the prompt version): "json", the answer as one JSON object; or
-# "lines" (v13), three lines that hold the same record in about a third fewer tokens (no keys, quotes or braces):
+# "lines" (v13), three lines that hold the same record in about a quarter fewer tokens (no keys or braces):
 #   negative
 #   "Overpriced, smelly room, cold breakfast; only the location is good."
 #   room:negative location:positive breakfast/food:negative
@@ -109,7 +109,8 @@ def lines_grammar(summary_max_chars: int | None = None, summary_lang: str | None
 
     Why EBNF and quotes: the summary's bounded repetition as a plain regular expression, or ended by the newline,
     cost xgrammar 280-480 us of mask work per token (the tokenizer has thousands of tokens holding a newline, each
-    checked against what follows); as a Regex node ended by a quote, as inside JSON, 27 us (v10's JSON: 24)."""
+    checked against what follows); as a Regex node ended by a quote, as inside JSON, 21-25 us, about v10's JSON schema
+    (bench/device/check_lines_grammar.py)."""
     first, rest = SUMMARY_SCRIPTS.get(summary_lang or "", (f"[^ {_NOT_JSON}]", f"[^{_NOT_JSON}]"))
     bound = min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS)
     item = f'{_alternatives(ASPECTS)} ":" {_alternatives(ASPECT_SENTIMENTS)}'
