@@ -213,7 +213,7 @@ def bare_llm_generate(cfg: EngineConfig, plan: LengthPlan, warm: list[Any], conv
     apply_env(cfg)
     llm = LLM(cfg.model, **engine_kwargs(cfg))
     tokenizer = llm.get_tokenizer()
-    per_lang = sampling_params(cfg)
+    per_lang = sampling_params(cfg, final_only=True)  # the engine's own settings: answers read once finished
 
     def run(llm: Any, convs: list[Any]) -> tuple[float, int]:
         prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in convs]
@@ -300,7 +300,7 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
         "rows_with_error": int(out["error"].notna().sum()),
         "optimistic": cfg.optimistic, "unguided_valid_share": valid_share if cfg.optimistic else None,
         "retried_with_grammar": valid.retried if valid is not None else 0,
-        "projected_min_per_100k": round(TARGET_REVIEWS / exec_rps / 60, 1),
+        "projected_min_per_100k": round(TARGET_REVIEWS / exec_rps / 60, 1), "detokenize": args.detokenize,
     }
     if costs is not None:
         b = bounds(costs, concurrency=args.max_in_flight, prompt_tokens=tokens_in, cached_tokens=cached,
@@ -309,6 +309,22 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
                    share_of_compute_bound=round(exec_rps / b["compute_reviews_s"], 3))
     cache.clear()
     return row
+
+
+def detokenize_each_token() -> None:
+    """The engine's and the bare run's vLLM settings with vLLM detokenising each token (engines.vllm.sampling_params
+    leaves a batch answer's decoding to the engine, once it is finished)."""
+    from qwenspark.engines import vllm as engines_vllm
+
+    own = engines_vllm.sampling_params
+
+    def detokenizing(cfg: EngineConfig, *, final_only: bool = False) -> dict[Any, Any]:
+        params = own(cfg, final_only=final_only)
+        for p in params.values():
+            p.detokenize = True
+        return params
+
+    engines_vllm.sampling_params = detokenizing  # type: ignore[assignment]
 
 
 def main() -> int:
@@ -335,8 +351,13 @@ def main() -> int:
     p.add_argument("--unguided-valid", type=float, default=0.95,
                    help="optimistic strategies: share of first answers written without the grammar that fit it (1 - "
                         "repaired_rate of a real CPU eval of the strategy); the rest are retried with the grammar")
+    p.add_argument("--detokenize", choices=("final", "each"), default="final",
+                   help="final: the engine's answers decoded once finished (the job's setting); each: vLLM detokenises "
+                        "every token as it is decoded (the job before; to measure the lever)")
     p.add_argument("--json-out", type=Path)
     args = p.parse_args()
+    if args.detokenize == "each":
+        detokenize_each_token()
     tables = {k: json.loads(Path(v).read_text())["tokens_out_percentiles"]
               for k, v in (item.split("=", 1) for item in args.lengths_from.split(","))}
     model = str(shaped_model(args.shape, args.tokenizer, Path("/tmp") / f"qwenspark-{args.shape}")) if args.shape \

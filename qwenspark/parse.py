@@ -164,6 +164,13 @@ def parse_completion(text: str, finish_reason: str | None = None, aspect_map: bo
     return _validated(data, None)
 
 
+# An item of an answer's aspect line that names an aspect outside ASPECTS ("parking:positive", "transportation"), or
+# one of ASPECTS without a sentiment ("noise"). Only an answer written without the grammar has them (a 1.5B wrote one
+# in 14 of 40 v13 answers): they are left out of the record, as the grammar would have left them out, and the label
+# and summary kept, instead of generating the whole answer again. Anything else on the line is an error.
+_OTHER_ASPECT = re.compile(r"[a-z][a-z_/-]{0,31}(:[a-z]{1,16})?")
+
+
 def _read_lines(text: str) -> tuple[Any, str | None]:
     """An answer in lines (AnswerFormat) as the record's fields, or the reason it is not one."""
     lines = [line.strip() for line in text.strip().split("\n")]
@@ -171,12 +178,16 @@ def _read_lines(text: str) -> tuple[Any, str | None]:
         lines.append("")
     if len(lines) != 3 or lines[0] not in SENTIMENTS:
         return None, f"parse: not three lines (label, summary, aspects): {text[:_ERR_MAX]!r}"
+    items = lines[2].split()
+    if len(items) > len(ASPECTS):  # the grammar's bound: more is a loop or prose, not a list of aspects
+        return None, f"parse: aspects: {len(items)} items, at most {len(ASPECTS)}: {text[:_ERR_MAX]!r}"
     aspects = []
-    for item in lines[2].split():
+    for item in items:
         name, _, feeling = item.partition(":")
-        if name not in ASPECTS or feeling not in ASPECT_SENTIMENTS:
+        if name in ASPECTS and feeling in ASPECT_SENTIMENTS:
+            aspects.append({"aspect": name, "sentiment": feeling})
+        elif _OTHER_ASPECT.fullmatch(item) is None:
             return None, f"parse: aspects: {item[:64]!r} is not aspect:sentiment: {text[:_ERR_MAX]!r}"
-        aspects.append({"aspect": name, "sentiment": feeling})
     summary = lines[1]
     if len(summary) >= 2 and summary[0] == summary[-1] == '"':  # the grammar's quotes; unguided answers may lack them
         summary = summary[1:-1]

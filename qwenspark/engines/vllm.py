@@ -33,10 +33,11 @@ def _on_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _completion(out: Any) -> Completion:
+def _completion(out: Any, decode: Callable[[Sequence[int]], str] | None = None) -> Completion:
     best = out.outputs[0]
     return Completion(
-        text=best.text,
+        # Empty when vLLM did not detokenise (sampling_params: final answers): decoded here once, whole.
+        text=best.text or (decode(best.token_ids) if decode is not None and best.token_ids else ""),
         finish_reason=best.finish_reason,
         tokens_in=len(out.prompt_token_ids or ()),
         tokens_out=len(best.token_ids),
@@ -85,7 +86,8 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
 def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tuple[str | None, Retry | None], Any]:
     """One set of sampling settings per grammar (by review language when the summary's script is constrained) and
     attempt (the first, and the retries: engines.base.attempt_settings). final_only: vLLM reports each request once,
-    when it finishes (the batch); else the answer as it grows (the service's label-first stream)."""
+    when it finishes (the batch), as token ids that the engine decodes once; else the answer's text as it grows (the
+    service's label-first stream)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -101,6 +103,10 @@ def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tupl
                 logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
                 structured_outputs=StructuredOutputsParams(**grammar) if cfg.guided and guided else None,
                 output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE,
+                # vLLM's output processor detokenises every token of every running request as it is decoded, on
+                # the event loop that shares this process's GIL with the executor; a batch answer is read only
+                # once finished, so it is decoded then (the label's log-probabilities need the tokens' text).
+                detokenize=not final_only or cfg.label_logprobs,
             )
     return params
 
@@ -175,6 +181,10 @@ class VllmEngine:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(ids)))
 
+    def _answer_text(self, ids: Sequence[int]) -> str:
+        # As vLLM's detokeniser writes a completion (its default skip_special_tokens): without the end-of-turn token.
+        return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
+
     def render(self, conversation: Sequence[Message]) -> str:
         """The prompt text of a conversation under the model's chat template."""
         return str(self._tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True))
@@ -200,7 +210,7 @@ class VllmEngine:
         refused = next((x for x in done.values() if isinstance(x, RequestError)), None)
         if refused is not None:  # generate_isolating then asks again one by one to find the row
             raise refused
-        return [_completion(done[i]) for i in ids]
+        return [_completion(done[i], self._answer_text) for i in ids]
 
     def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: Retry | None = None) -> str:
         # Requests join the running batch while older ones decode (a batch call would wait for its longest answer).
@@ -217,7 +227,7 @@ class VllmEngine:
             raise RequestError(str(exc)) from exc
 
     def step(self) -> list[tuple[str, Completion | str]]:
-        return [(rid, refusal(out) if isinstance(out, RequestError) else _completion(out))
+        return [(rid, refusal(out) if isinstance(out, RequestError) else _completion(out, self._answer_text))
                 for rid, out in self._feed.finished()]
 
     def abort(self, request_ids: Sequence[str]) -> None:

@@ -50,10 +50,31 @@ def test_guided_output_always_parses(kind: str, tiny_model: Path) -> None:
         if kind == "vllm":  # in-process core: vllm.LLMEngine with vllm.LLM's batch limits (the default would be 128)
             assert type(engine._feed).__name__ == "InProcess"  # type: ignore[attr-defined]
             assert engine.vllm_config.scheduler_config.max_num_seqs == 256  # type: ignore[attr-defined]
+            _assert_decoded_as_vllm_would(engine, conversations, [d.text for d in completions])
         ids = engine.encode("你好 hotel")
         assert ids == [108386, 9500] and engine.decode(ids) == "你好 hotel"
     finally:
         engine.close()
+
+
+def _assert_decoded_as_vllm_would(engine: object, conversations: list[object], texts: list[str]) -> None:
+    """The batch's answers come as token ids, decoded once by the engine; the same answers detokenised by vLLM token
+    by token (as the service's stream has them) read the same, Chinese and special tokens included."""
+    import copy
+
+    params = engine._params  # type: ignore[attr-defined]
+    assert params and not any(p.detokenize for p in params.values()), "the batch leaves detokenising to vLLM"
+    texted = {}
+    for key, p in params.items():
+        texted[key] = copy.deepcopy(p)
+        texted[key].detokenize = True
+    engine._params = texted  # type: ignore[attr-defined]
+    try:
+        again = engine.generate(conversations)  # type: ignore[attr-defined]
+    finally:
+        engine._params = params  # type: ignore[attr-defined]
+    assert [d.text for d in again] == texts
+    assert any(any("\u4e00" <= c <= "\u9fff" for c in t) for t in texts), "no Chinese answer: the check shows little"
 
 
 @pytest.mark.parametrize(("kind", "version"),

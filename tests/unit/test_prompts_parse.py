@@ -287,6 +287,16 @@ def test_v13_grammar_bounds_every_line(text: str, ok: bool) -> None:
     assert _accepts(lines_grammar(100, "en"), text) is ok
 
 
+def test_aspects_outside_the_vocabulary_are_left_out_of_an_answer_in_lines() -> None:
+    # An unguided answer may name aspects the grammar does not have, or one without its sentiment: left out, the
+    # rest of the answer kept (else the whole answer is generated again with the grammar).
+    parsed = parse_completion('negative\n"Far from town."\nlocation:negative transportation:negative parking noise '
+                              "price/value:negative", "stop", answer_format="lines")
+    assert parsed.record is not None, parsed.error
+    assert [(m.aspect, m.sentiment) for m in parsed.record.aspects] == [("location", "negative"),
+                                                                        ("price/value", "negative")]
+
+
 @pytest.mark.parametrize(
     ("text", "error"),
     [
@@ -298,6 +308,9 @@ def test_v13_grammar_bounds_every_line(text: str, ok: bool) -> None:
         ("positive\nFine.\nroom:positive\nextra line", "not three lines"),
         ("Positive\nFine.\n", "not three lines"),
         ("positive\nFine.\nroom=positive", "aspects: 'room=positive' is not aspect:sentiment"),
+        ("positive\nFine.\nroom:positive早餐/food:positive", "is not aspect:sentiment"),
+        ("positive\nFine.\nThe room was nice.", "is not aspect:sentiment"),
+        ("positive\nFine.\nroom:positive" + " x" * 40, "41 items, at most 8"),  # a loop is no record either
         ("positive\n\nroom:positive", "parse: schema: summary"),
     ],
 )
