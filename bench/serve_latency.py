@@ -151,9 +151,14 @@ def main() -> int:
     p.add_argument("--tokenizer", type=Path, help="tokenizer folder (with --shape)")
     p.add_argument("--lengths-from", type=Path, help="a real CPU eval whose output lengths the answers get")
     p.add_argument("--alongside", help="a batch command run on the same machine during the loads (see above)")
+    p.add_argument("--unguided-valid", type=float,
+                   help="with --lengths-from and an optimistic version: the share of first attempts (no grammar) that "
+                        "fit, as a trained model's would (bench/device/serve_planned.py)")
     args = p.parse_args()
     port = free_port()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    if args.unguided_valid is not None:
+        env["QWENSPARK_BENCH_UNGUIDED_VALID"] = str(args.unguided_valid)
     serve = [sys.executable, "-m", "qwenspark.cli"]
     if args.shape:
         sys.path.insert(0, str(ROOT))
@@ -167,7 +172,7 @@ def main() -> int:
     cmd = [*serve, "serve", "--config", args.config, "--port", str(port), *(f"--set={s}" for s in args.overrides)]
     server = subprocess.Popen(cmd, cwd=ROOT, env=env)
     figures: dict[str, Any] = {"config": args.config, "overrides": args.overrides, "shape": args.shape,
-                               "alongside": args.alongside, "loads": []}
+                               "alongside": args.alongside, "unguided_valid": args.unguided_valid, "loads": []}
     try:
         asyncio.run(run_loads(args, port, figures, server))
     finally:
@@ -207,10 +212,21 @@ async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any]
                 results = await open_loop(client, bodies, value, args.duration,
                                           until=lambda: batch is not None and batch.poll() is not None)
             row = summary(name, results, time.perf_counter() - t0)
+            row["retries_so_far"] = retries((await client.get("/metrics")).text)
             figures["loads"].append(row)
             print(json.dumps(row), flush=True)
         if batch is not None:
             figures["alongside_rc"] = await asyncio.to_thread(batch.wait)
+
+
+def retries(metrics: str) -> dict[str, float]:
+    """The service's second attempts so far, by kind (qwenspark_serve_retries_total)."""
+    found = {}
+    for line in metrics.splitlines():
+        if line.startswith("qwenspark_serve_retries_total{"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            found[kind] = float(line.rsplit(" ", 1)[1])
+    return found
 
 
 def start_alongside(command: str) -> subprocess.Popen[str]:

@@ -72,14 +72,16 @@ ASPECT_MAP_SCHEMA: dict[str, Any] = {
 
 
 def json_schema(order: AnswerOrder = "verdict_first", summary_max_chars: int | None = None,
-                summary_lang: str | None = None, aspect_map: bool = False) -> dict[str, Any]:
+                summary_lang: str | None = None, aspect_map: bool = False,
+                labels: tuple[str, ...] = SENTIMENTS) -> dict[str, Any]:
     """The JSON schema handed to guided decoding, its properties in `order` (strings carry maxLength so decoding
     always ends; summary_max_chars tightens the summary's, as a prompt version asks). With summary_lang one of
     SUMMARY_SCRIPTS, the summary must be written in that language's script (a pattern that carries the bound);
-    with aspect_map the aspects are ASPECT_MAP_SCHEMA's object."""
+    with aspect_map the aspects are ASPECT_MAP_SCHEMA's object; labels: the sentiments allowed (a pinned retry)."""
     schema = ReviewAnalysis.model_json_schema()
     fields = ANSWER_FIELDS[order]
     schema["properties"] = {name: dict(schema["properties"][name]) for name in fields}
+    schema["properties"]["sentiment"]["enum"] = list(labels)
     if aspect_map:
         schema["properties"]["aspects"] = ASPECT_MAP_SCHEMA
         schema.pop("$defs", None)
@@ -102,10 +104,11 @@ def _alternatives(words: tuple[str, ...]) -> str:
     return "(" + " | ".join(json.dumps(w) for w in words) + ")"
 
 
-def lines_grammar(summary_max_chars: int | None = None, summary_lang: str | None = None) -> str:
-    """The grammar (xgrammar EBNF) handed to guided decoding for answers in lines: a label, a quoted summary of at most
-    summary_max_chars (in its language's script with summary_lang, SUMMARY_SCRIPTS), then up to one aspect:sentiment
-    item per aspect, separated by single spaces. Bounded everywhere, so decoding always ends.
+def lines_grammar(summary_max_chars: int | None = None, summary_lang: str | None = None,
+                  labels: tuple[str, ...] = SENTIMENTS) -> str:
+    """The grammar (xgrammar EBNF) handed to guided decoding for answers in lines: a label (one of labels), a quoted
+    summary of at most summary_max_chars (in its language's script with summary_lang, SUMMARY_SCRIPTS), then up to one
+    aspect:sentiment item per aspect, separated by single spaces. Bounded everywhere, so decoding always ends.
 
     Why EBNF and quotes: the summary's bounded repetition as a plain regular expression, or ended by the newline,
     cost xgrammar 280-480 us of mask work per token (the tokenizer has thousands of tokens holding a newline, each
@@ -115,21 +118,23 @@ def lines_grammar(summary_max_chars: int | None = None, summary_lang: str | None
     bound = min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS)
     item = f'{_alternatives(ASPECTS)} ":" {_alternatives(ASPECT_SENTIMENTS)}'
     return "\n".join([
-        f'root ::= {_alternatives(SENTIMENTS)} "\\n\\"" summary "\\"\\n" aspects',
+        f'root ::= {_alternatives(labels)} "\\n\\"" summary "\\"\\n" aspects',
         f'summary ::= Regex({json.dumps(f"^{first}{rest}{{0,{bound - 1}}}$")}) (="\\"")',
         f'aspects ::= (item (" " item){{0,{len(ASPECTS) - 1}}})?',
         f"item ::= {item}",
     ])
 
 
-def answer_grammars(cfg: EngineConfig) -> dict[str | None, dict[str, Any]]:
+def answer_grammars(cfg: EngineConfig, label: str | None = None) -> dict[str | None, dict[str, Any]]:
     """The guided grammars an engine needs for its answer settings (set from the prompt version), by review language:
     None for any language, plus one per SUMMARY_SCRIPTS language when engine.summary_script is set. Each is
-    {"json": schema} or, for answers in lines, {"grammar": ebnf}: the keywords of vLLM's StructuredOutputsParams."""
+    {"json": schema} or, for answers in lines, {"grammar": ebnf}: the keywords of vLLM's StructuredOutputsParams.
+    label: the answer's sentiment pinned to it (the service's retry of an answer whose label it has sent)."""
     langs: tuple[str | None, ...] = (None, *SUMMARY_SCRIPTS) if cfg.summary_script else (None,)
+    labels = SENTIMENTS if label is None else (label,)
     if cfg.answer_format == "lines":
-        return {lang: {"grammar": lines_grammar(cfg.summary_max_chars, lang)} for lang in langs}
-    return {lang: {"json": json_schema(cfg.answer_order, cfg.summary_max_chars, lang, cfg.aspect_map)}
+        return {lang: {"grammar": lines_grammar(cfg.summary_max_chars, lang, labels)} for lang in langs}
+    return {lang: {"json": json_schema(cfg.answer_order, cfg.summary_max_chars, lang, cfg.aspect_map, labels)}
             for lang in langs}
 
 

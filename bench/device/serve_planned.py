@@ -4,20 +4,31 @@ A dummy-weight model under the grammar rarely closes its JSON, so every answer w
 worst case no user sees. Here each request's max_tokens is drawn, in order of arrival, from the output-token
 percentiles of a real CPU eval, as bench/workload_100k.py does for the batch. Everything else is the product's path.
 
-    python3 bench/device/serve_planned.py EVAL.json serve --config F [--set KEY=VALUE ...]
+With an optimistic prompt version (serve.optimistic), dummy weights write no valid answer without the grammar either.
+QWENSPARK_BENCH_UNGUIDED_VALID=SHARE then plays a trained model's first attempts, as workload_100k.ValidShare does
+for the batch: each first attempt reads as its label line from its first token on ("positive"), and ends as a
+canned valid answer for SHARE of the requests (seeded by arrival) or as that label line followed by the dummy text
+(a misfit: the service generates it again with the grammar, pinned to the label it sent), with the tokens and time
+the engine really spent on it.
+
+    [QWENSPARK_BENCH_UNGUIDED_VALID=0.95] python3 bench/device/serve_planned.py EVAL.json serve --config F [--set ...]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import os
+import random
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.workload_100k import draw_lengths
+from bench.workload_100k import ValidShare, draw_lengths
 from qwenspark import cli
 from qwenspark.serve import engine as serve_engine
 
@@ -35,19 +46,56 @@ class PlannedParams(dict[Any, Any]):
         return params
 
 
-def main() -> int:
-    table = json.loads(Path(sys.argv[1]).read_text())["tokens_out_percentiles"]
+def unguided_valid(engine: serve_engine.AsyncVllm, share: float, answer_format: str) -> None:
+    """First attempts (no grammar) read as a trained model's: its label line at once, and valid for `share`."""
+    stream, arrivals = engine.stream, itertools.count()
+    answers = ValidShare.ANSWER[answer_format]
+
+    async def played(conversation: Any, lang: str | None, retry: Any = None, pin: str | None = None
+                     ) -> AsyncIterator[serve_engine.Partial]:
+        if retry is not None:
+            async for part in stream(conversation, lang, retry, pin):
+                yield part
+            return
+        fits = random.Random(f"valid{next(arrivals)}").random() < share
+        answer = answers.get(lang or "en", answers["en"])
+        label = answer.split("\n", 1)[0] + "\n" if answer_format == "lines" else answer.split(",", 1)[0]
+        async for part in stream(conversation, lang, retry, pin):
+            if part.done is None:
+                yield serve_engine.Partial(label)
+            else:
+                text = answer if fits else label + part.done.text
+                yield serve_engine.Partial(text, None, dataclasses.replace(part.done, text=text, finish_reason="stop"))
+
+    engine.stream = played  # type: ignore[method-assign]
+
+
+def install(lengths_from: str) -> None:
+    """Patch AsyncVllm.start in this process: planned lengths, and QWENSPARK_BENCH_UNGUIDED_VALID's first attempts."""
+    table = json.loads(Path(lengths_from).read_text())["tokens_out_percentiles"]
     lengths = draw_lengths(table, 100_000, cap=256)
     start = serve_engine.AsyncVllm.start.__func__  # type: ignore[attr-defined]
+    share = os.environ.get("QWENSPARK_BENCH_UNGUIDED_VALID")
 
     async def planned_start(cls: type[serve_engine.AsyncVllm], cfg: Any) -> serve_engine.AsyncVllm:
         engine = await start(cls, cfg)
         engine._params = PlannedParams(engine._params, lengths)
+        if share is not None and cfg.optimistic:
+            unguided_valid(engine, float(share), cfg.answer_format)
         return engine
 
     serve_engine.AsyncVllm.start = classmethod(planned_start)  # type: ignore[assignment,method-assign]
+
+
+def main() -> int:
+    os.environ[_LENGTHS] = sys.argv[1]  # for serve.workers' processes, which import this file as __mp_main__
+    install(sys.argv[1])
     return cli.main(sys.argv[2:])
 
+
+_LENGTHS = "QWENSPARK_BENCH_LENGTHS_FROM"
+if __name__ == "__mp_main__" and os.environ.get(_LENGTHS):  # a serve.workers process (spawned from main's)
+    install(os.environ[_LENGTHS])
 
 if __name__ == "__main__":
     sys.exit(main())

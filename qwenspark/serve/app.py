@@ -14,6 +14,7 @@ import hmac
 import json
 import logging
 import math
+import socket
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -32,7 +33,7 @@ from starlette.routing import Route
 from qwenspark.analyze import AnalyzeSpec, PreparedBatch, templated
 from qwenspark.clean import clean_lang, clean_text
 from qwenspark.config import EngineConfig, QwenSparkConfig
-from qwenspark.engines.base import refusal
+from qwenspark.engines.base import Retry, refusal
 from qwenspark.errors import ConfigError, EngineError, RequestError
 from qwenspark.models.identity import model_identity
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS
@@ -154,6 +155,8 @@ class Metrics:
                                  buckets=_BUCKETS, registry=r)
         self.label_latency = Histogram("qwenspark_serve_label_seconds", "Time to a review's label",
                                        buckets=_BUCKETS, registry=r)
+        self.retries = Counter("qwenspark_serve_retries", "Answers generated a second time, by kind (grammar: an "
+                               "optimistic answer that misfit; penalty: cut or looping)", ["kind"], registry=r)
         self.in_flight = Gauge("qwenspark_serve_in_flight", "Reviews admitted and not yet answered", registry=r)
         self.queue_depth = Gauge("qwenspark_serve_queue_depth", "Admitted reviews the engine has not started "
                                  "answering", registry=r)
@@ -179,10 +182,12 @@ Stored = Callable[[pd.DataFrame], Awaitable[None]]
 class Service:
     """The state the handlers share: engine, rules, admission, metrics and the optional store."""
 
-    def __init__(self, cfg: QwenSparkConfig, engine: ServeEngine, *, store: Stored | None = None) -> None:
-        self.cfg, self.engine, self.store = cfg, engine, store
+    def __init__(self, cfg: QwenSparkConfig, engine: ServeEngine, *, store: Stored | None = None,
+                 worker: int = 0) -> None:
+        self.cfg, self.engine, self.store, self.worker = cfg, engine, store, worker
         self.spec = AnalyzeSpec(engine=cfg.engine, prompt_version=cfg.prompt.version,
                                 max_review_tokens=cfg.clean.max_review_tokens, guard=cfg.prompt.guard)
+        self.optimistic = serve_engine_config(cfg).optimistic  # whether first attempts are unguided
         self.key = cfg.serve.api_key()
         self.identity = model_identity(cfg.engine)
         self.metrics = Metrics()
@@ -222,7 +227,8 @@ class Service:
                 else (review.created_at - _EPOCH) // timedelta(microseconds=1),
                 "lang": lang, "text": text, "input_key": self.input_key(lang, review.text), "clean_error": None,
             })
-        batch = PreparedBatch(self.engine, pd.DataFrame(rows, columns=CLEAN_SCHEMA.fieldNames()), self.spec)
+        batch = PreparedBatch(self.engine, pd.DataFrame(rows, columns=CLEAN_SCHEMA.fieldNames()), self.spec,
+                              optimistic=self.optimistic)
         for i, error in enumerate(batch.errors):
             if error is not None:  # the guard left nothing but instructions to the model
                 raise Refused(400, f"reviews[{i}].text: {error}")
@@ -254,20 +260,24 @@ class Service:
     async def _answer(self, batch: PreparedBatch, j: int, started: float, label: Callable[[int, str], None] | None,
                       waiting: list[bool]) -> None:
         conversation, lang = batch.conversations[j], batch.langs[batch.todo[j]]
-        retry = None
+        retry: Retry | None = None
+        # Once the label is sent, a retry (an optimistic answer that misfits the grammar, a cut or looping one) is
+        # pinned to the model label it was sent from, and the row keeps the label sent: what the client was told
+        # is what is stored.
+        pin = sent = None
         while True:
             done = None
             try:
-                async for part in self.engine.stream(conversation, lang, retry):
+                async for part in self.engine.stream(conversation, lang, retry, pin):
                     if waiting[0]:
                         waiting[0] = False
                         self.metrics.queue_depth.dec()
-                    if label is not None and retry is None:
-                        early = batch.early_label(j, part.text, part.label_logprobs)
-                        if early is not None:
-                            self.metrics.label_latency.observe(time.perf_counter() - started)
-                            label(j, early)
-                            label = None
+                    if label is not None and (answer := batch.early_answer(part.text)) is not None:
+                        sent = batch.early_label(j, part.text, part.label_logprobs)
+                        assert sent is not None
+                        self.metrics.label_latency.observe(time.perf_counter() - started)
+                        label(j, sent)
+                        label, pin = None, answer
                     done = part.done
             except RequestError as exc:  # this review refused (e.g. longer than the context): its row's error
                 batch.fill(j, refusal(exc), _ms(started))
@@ -277,9 +287,12 @@ class Service:
             self.metrics.generated(done.tokens_out)
             retry = batch.fill(j, done, _ms(started))
             if retry is None:
-                if label is not None:  # an answer whose label is not its first field: sent with the rest
+                if sent is not None:
+                    batch.keep_label(j, sent)
+                elif label is not None:  # an answer whose label is not its first field: sent with the rest
                     self.metrics.label_latency.observe(time.perf_counter() - started)
                 return
+            self.metrics.retries.labels(retry).inc()
 
     async def run(self, batch: PreparedBatch, started: float,
                   label: Callable[[int, str], None] | None = None) -> list[dict[str, Any]]:
@@ -293,10 +306,9 @@ class Service:
             if down is not None:  # an outage: the request fails (503), it never becomes error rows
                 raise down.exceptions[0] from failed
             raise
-        frame = batch.frame()
         if self.store is not None:
-            await self.store(frame)
-        rows = [_result(row) for row in frame.to_dict("records")]
+            await self.store(batch.frame())
+        rows = [_result(row) for row in batch.records()]
         for row in rows:
             self.metrics.reviews.labels("error" if row["error"] else "ok").inc()
         return rows
@@ -352,7 +364,8 @@ def create_app(service: Service, *, on_close: Callable[[], Awaitable[None]] | No
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": service.engine.model_name,
-                             "prompt_version": service.cfg.prompt.version, "in_flight": service.admitted})
+                             "prompt_version": service.cfg.prompt.version, "in_flight": service.admitted,
+                             "worker": service.worker})
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -417,19 +430,33 @@ def _line(obj: Mapping[str, Any]) -> bytes:
 
 
 def serve_engine_config(cfg: QwenSparkConfig) -> EngineConfig:
-    """The service's engine settings: the prompt version's, with every answer guided from its first token (latency
-    first: an optimistic version's second attempt would double the latency of the answers that misfit)."""
-    return templated(cfg.engine, cfg.prompt.version).model_copy(update={"optimistic": False})
+    """The service's engine settings: the prompt version's; with serve.optimistic off, every answer guided from its
+    first token."""
+    engine = templated(cfg.engine, cfg.prompt.version)
+    return engine if cfg.serve.optimistic else engine.model_copy(update={"optimistic": False})
 
 
 def serve(cfg: QwenSparkConfig, host: str | None = None, port: int | None = None) -> None:
-    """Load the engine and serve until interrupted (`qwenspark serve`)."""
+    """Load the engine and serve until interrupted (`qwenspark serve`); with serve.workers > 1, that many processes
+    on the one port (qwenspark.serve.workers)."""
+    host, port = host or cfg.serve.host, port or cfg.serve.port
+    check_bind(host, cfg.serve.api_key())
+    if cfg.serve.workers > 1:
+        from qwenspark.serve.workers import supervise
+
+        supervise(cfg, host, port)
+        return
+    serve_one(cfg, host, port)
+
+
+def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket | None = None, worker: int = 0,
+              ready: Callable[[], None] | None = None) -> None:
+    """One service process: its engine, its HTTP server (on sock when given: a worker's port-sharing socket); ready
+    is called once both are up."""
     import uvicorn
 
     from qwenspark.serve.engine import start_engine
 
-    host, port = host or cfg.serve.host, port or cfg.serve.port
-    check_bind(host, cfg.serve.api_key())
     engine_cfg = serve_engine_config(cfg)
 
     async def main() -> None:
@@ -439,7 +466,7 @@ def serve(cfg: QwenSparkConfig, host: str | None = None, port: int | None = None
         writer = Store(cfg) if cfg.serve.store else None
         if writer is not None:
             await writer.start()
-        service = Service(cfg, started, store=writer.put if writer is not None else None)
+        service = Service(cfg, started, store=writer.put if writer is not None else None, worker=worker)
 
         async def close() -> None:
             if writer is not None:
@@ -447,8 +474,14 @@ def serve(cfg: QwenSparkConfig, host: str | None = None, port: int | None = None
             await started.close()
 
         app = create_app(service, on_close=close)
-        log.info("serving %s (prompt %s) on http://%s:%d", started.model_name, cfg.prompt.version, host, port)
+        log.info("serving %s (prompt %s) on http://%s:%d%s", started.model_name, cfg.prompt.version, host, port,
+                 f" (worker {worker})" if sock is not None else "")
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-        await server.serve()
+        serving = asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.05)
+        if server.started and ready is not None:
+            ready()
+        await serving
 
     asyncio.run(main())

@@ -19,6 +19,12 @@ from qwenspark.errors import EngineError, RequestError
 log = logging.getLogger("qwenspark.serve")
 
 
+# Tokens of an answer decoded as they come, for its label (the first field: "positive\n" or '{"sentiment":"mixed"'
+# is at most 8 tokens in Qwen's vocabulary); later ones only when the answer is whole. A Partial past these is not
+# sent, so the text of one that is sent is always the answer so far.
+EARLY_TOKENS = 16
+
+
 @dataclass(frozen=True)
 class Partial:
     """The answer so far; done holds the whole completion on the last one."""
@@ -41,10 +47,11 @@ class ServeEngine(Protocol):
         """Text of token ids."""
         ...
 
-    def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None
-               ) -> AsyncIterator[Partial]:
-        """The answer to one conversation as it grows; the last Partial has done set. Cancelling the iteration
-        drops the request from the engine."""
+    def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
+               pin: str | None = None) -> AsyncIterator[Partial]:
+        """The answer to one conversation as it grows; the last Partial has done set. pin: a guided retry's label,
+        forced by its grammar (the label the service already sent). Cancelling the iteration drops the request from
+        the engine."""
         ...
 
     async def close(self) -> None:
@@ -57,8 +64,17 @@ class AsyncVllm:
     over as token ids (TokensPrompt), tokenised once here."""
 
     def __init__(self, llm: Any, tokenizer: Any, params: dict[tuple[str | None, Retry | None], Any],
-                 model: str) -> None:
+                 model: str, cfg: EngineConfig | None = None) -> None:
+        from qwenspark.engines.vllm import PromptIds
+
         self._llm, self._tokenizer, self._params, self.model_name = llm, tokenizer, params, model
+        self._cfg = cfg
+        self._prompt_ids = PromptIds(self.encode)  # the prompt's text around the review tokenised once
+        # Without label log-probabilities (vLLM needs its per-token text for those), answers come as new token ids
+        # (DELTA, no detokenising in vLLM's output handler, which shares this process with the HTTP side): decoded
+        # here while the label is still to come, then once, whole, at the end.
+        self._ids_only = cfg is not None and not cfg.label_logprobs
+        self._pinned: dict[tuple[str | None, str], Any] = {}  # (language, label) -> its StructuredOutputsParams
         self._ids = itertools.count()
 
     @classmethod
@@ -79,30 +95,65 @@ class AsyncVllm:
         tokenizer = llm.get_tokenizer()
         if inspect.isawaitable(tokenizer):  # older releases: a coroutine
             tokenizer = await tokenizer
-        return cls(llm, tokenizer, sampling_params(cfg), cfg.model)
+        params = sampling_params(cfg)
+        if not cfg.label_logprobs:
+            from vllm.sampling_params import RequestOutputKind
+
+            for key, value in params.items():
+                params[key] = value.clone()
+                params[key].output_kind, params[key].detokenize = RequestOutputKind.DELTA, False
+        return cls(llm, tokenizer, params, cfg.model, cfg)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
+    def _answer_text(self, ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(ids, skip_special_tokens=True))  # as vLLM's detokeniser writes it
+
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(ids)))
 
-    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None
-                     ) -> AsyncIterator[Partial]:
+    def _settings(self, lang: str | None, retry: Retry | None, pin: str | None) -> Any:
+        """The sampling settings of one attempt; with pin, a copy whose grammar allows only that label."""
+        params = self._params.get((lang, retry), self._params[None, retry])
+        if pin is None or params.structured_outputs is None or self._cfg is None:
+            return params
+        from vllm.sampling_params import StructuredOutputsParams
+
+        from qwenspark.parse import answer_grammars
+
+        key = (lang if (lang, retry) in self._params else None, pin)
+        if key not in self._pinned:
+            self._pinned[key] = StructuredOutputsParams(**answer_grammars(self._cfg, pin)[key[0]])
+        pinned = params.clone()
+        pinned.structured_outputs = self._pinned[key]
+        return pinned
+
+    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
+                     pin: str | None = None) -> AsyncIterator[Partial]:
         from vllm.inputs import TokensPrompt
 
         from qwenspark.engines.vllm import _completion, _label_logprobs
 
         text = self._tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
-        ids = self.encode(str(text))  # tokenised once, here: vLLM takes the ids as they are
-        params = self._params.get((lang, retry), self._params[None, retry])
+        ids = self._prompt_ids(str(text), conversation[-1]["content"])  # vLLM takes the ids as they are
+        params = self._settings(lang, retry, pin)
+        answer: list[int] = []
         try:
             # AsyncLLM aborts the request itself when this iteration is cancelled (a client gone, a timeout).
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids), params,
                                                 f"serve-{next(self._ids)}"):
                 best = out.outputs[0]
-                yield Partial(best.text, _label_logprobs(best) if best.logprobs else None,
-                              _completion(out) if out.finished else None)
+                if not self._ids_only:
+                    yield Partial(best.text, _label_logprobs(best) if best.logprobs else None,
+                                  _completion(out) if out.finished else None)
+                    continue
+                answer.extend(best.token_ids)
+                if out.finished:
+                    whole = self._answer_text(answer)
+                    yield Partial(whole, None, Completion(whole, best.finish_reason, len(ids), len(answer)))
+                elif len(answer) <= EARLY_TOKENS:
+                    yield Partial(self._answer_text(answer))
         except ValueError as exc:  # vLLM's validation of this request (a prompt longer than the context)
             raise RequestError(str(exc)) from exc
         except Exception as exc:  # the engine core failed or died: the service answers 503, never error rows
@@ -138,8 +189,9 @@ class Threaded:
         with self._lock:
             return self._engine.generate([conversation], [lang or ""], **options)[0]
 
-    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None
-                     ) -> AsyncIterator[Partial]:
+    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
+                     pin: str | None = None) -> AsyncIterator[Partial]:
+        # pin is never needed here: the label is sent with the whole answer, after any retry.
         done = await asyncio.to_thread(self._generate, conversation, lang, retry)
         yield Partial(done.text, done.label_logprobs, done)
 

@@ -15,6 +15,8 @@ import pytest
 import uvicorn
 
 from qwenspark.config import validate_config
+from qwenspark.prompts import get_template
+from qwenspark.schemas import SENTIMENTS
 from qwenspark.scoring import in_language
 from qwenspark.serve.app import Service, create_app, serve_engine_config
 from qwenspark.serve.engine import AsyncVllm
@@ -78,3 +80,34 @@ def test_concurrent_requests_and_the_label_first_stream_over_a_socket(version: s
     (t_label, label), (t_result, result) = lines
     assert set(label) == {"index", "sentiment", "label_ms"} and result["result"]["sentiment"] == label["sentiment"]
     assert t_label < t_result, "the label line arrived before the answer's end"
+
+
+# A retry after the label was sent is pinned to it: the grammar allows that label only. The tiny random model would
+# write any of the four; pinned, every answer starts with the label asked for, in both answer formats.
+@pytest.mark.parametrize("version", ["v10", "v13"])
+def test_a_pinned_retry_writes_the_label_it_is_pinned_to(version: str, tiny_model: Path) -> None:
+    cfg = validate_config({
+        "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 24, "max_model_len": 2048,
+                   "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+        "prompt": {"version": version},
+    })
+    engine_cfg = serve_engine_config(cfg)
+    conversation = get_template(version).messages(SAMPLE_REVIEWS[1][0], SAMPLE_REVIEWS[1][1])
+    first = {"v10": '{"sentiment":"', "v13": ""}[version]
+
+    async def go() -> dict[str, str]:
+        engine = await AsyncVllm.start(engine_cfg)
+        try:
+            texts = {}
+            for label in SENTIMENTS:
+                async for part in engine.stream(conversation, SAMPLE_REVIEWS[1][1], "grammar", label):
+                    if part.done is not None:
+                        texts[label] = part.done.text
+            return texts
+        finally:
+            await engine.close()
+
+    texts = asyncio.run(go())
+    assert set(texts) == set(SENTIMENTS)
+    for label, text in texts.items():
+        assert text.startswith(first + label + ('"' if first else "\n")), (label, text)

@@ -15,7 +15,7 @@ import pytest
 from qwenspark.config import QwenSparkConfig, validate_config
 from qwenspark.engines.base import Completion, Message, Retry
 from qwenspark.errors import ConfigError, EngineError
-from qwenspark.serve.app import Service, check_bind, create_app
+from qwenspark.serve.app import Service, check_bind, create_app, serve_engine_config
 from qwenspark.serve.engine import Partial
 from tests.support.char_tokens import CharTokens
 
@@ -36,8 +36,8 @@ class Scripted(CharTokens):
         self.gate: asyncio.Event | None = None
         self.started = 0
 
-    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None
-                     ) -> AsyncIterator[Partial]:
+    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
+                     pin: str | None = None) -> AsyncIterator[Partial]:
         self.started += 1
         if self.down:
             raise EngineError("engine core died")
@@ -115,6 +115,58 @@ def test_stream_sends_the_label_before_the_rest() -> None:
     # The label line was written with the first step (0.2 s), the result after the third (0.6 s). (httpx's ASGI
     # transport hands the body over whole, so the client's clock cannot show it: tests/engine reads a real socket.)
     assert label["label_ms"] < 450 < result["result"]["latency_ms"]
+
+
+class Misfit(CharTokens):
+    """v13's lines: a first attempt (no grammar) whose label is `first` and whose summary is over the grammar's
+    bound; a retry that writes `retried` whatever it is pinned to (as a second attempt's head inputs could move the
+    label). Records each attempt's (retry, pin)."""
+
+    model_name = "misfit"
+
+    def __init__(self, first: str, retried: str) -> None:
+        self.first, self.retried = first, retried
+        self.attempts: list[tuple[Retry | None, str | None]] = []
+
+    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
+                     pin: str | None = None) -> AsyncIterator[Partial]:
+        self.attempts.append((retry, pin))
+        long = ("The guest found the room dirty, the staff slow to help, the breakfast cold and the street noisy all "
+                "night.")
+        label, summary = (self.first, long) if retry is None else (self.retried, "Short summary.")
+        yield Partial(f"{label}\n")
+        await asyncio.sleep(0)
+        final = f'{label}\n"{summary}"\nroom:{label if label != "mixed" else "neutral"}'
+        yield Partial(final, None, Completion(final, "stop", 100, 20))
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("optimistic", [True, False])
+def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimistic: bool) -> None:
+    cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
+                           "prompt": {"version": "v13"}, "serve": {"optimistic": optimistic}})
+    engine = Misfit(first="negative", retried="positive")
+    service = Service(cfg, engine)
+
+    async def go() -> list[dict[str, Any]]:
+        async with _client(service) as client, client.stream(
+                "POST", "/v1/analyze?stream=true", json={"text": "The room was filthy and the staff rude."}) as got:
+            return [json.loads(line) async for line in got.aiter_lines() if line]
+
+    label, result = _run(go())
+    metrics = _run(_client(service).get("/metrics")).text
+    assert serve_engine_config(cfg).optimistic is optimistic
+    if not optimistic:  # every answer was guided: one that misfits is stored as it is, never generated again
+        assert engine.attempts == [(None, None)] and "qwenspark_serve_retries_total{" not in metrics
+        assert result["result"]["sentiment"] == label["sentiment"]
+        return
+    # The first attempt's summary broke the grammar's bound: generated again, pinned to the model label sent.
+    assert engine.attempts == [(None, None), ("grammar", "negative")]
+    assert result["result"]["sentiment"] == label["sentiment"], (label, result)
+    assert result["result"]["summary"] == "Short summary." and result["result"]["error"] is None
+    assert 'qwenspark_serve_retries_total{kind="grammar"} 1.0' in metrics
 
 
 def test_overload_gets_429_with_retry_after_and_memory_stays_bounded() -> None:

@@ -1,0 +1,93 @@
+"""serve.workers: several service processes on one port, each with its own engine. Which engine answered is read
+from the test engine's own records (one file per process), not from the service; the supervisor stops them all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int, Path]:
+    records = tmp_path / "records"
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({
+        "engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "echo",
+                   "engine_kwargs": {"record_dir": str(records), "seconds_per_token": 0.001}},
+        "prompt": {"version": "v9"}, "serve": {"workers": 2},
+    }))
+    port = _port()
+    server = subprocess.Popen([sys.executable, "-m", "qwenspark.cli", "serve", "--config", str(config), "--port",
+                               str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return server, port, records
+
+
+def _loaded(records: Path) -> set[int]:
+    lines = [json.loads(line) for f in records.glob("*.jsonl") for line in f.read_text().splitlines()]
+    return {e["pid"] for e in lines if e["event"] == "load"}
+
+
+def test_a_worker_that_dies_stops_the_others_and_the_service_fails(tmp_path: Path) -> None:
+    server, _, records = _start(tmp_path)
+    try:
+        deadline = time.time() + 120
+        while len(_loaded(records) if records.exists() else ()) < 2 and time.time() < deadline:
+            assert server.poll() is None, "the service exited"
+            time.sleep(0.5)
+        first, second = sorted(_loaded(records))
+        time.sleep(1)
+        os.kill(first, signal.SIGKILL)
+        rc = server.wait(timeout=90)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert rc != 0, "a worker's death must end the service red"
+    assert not Path(f"/proc/{second}").exists(), "the other worker was left running"
+
+
+def test_two_workers_share_the_port_each_engine_answers_and_all_stop_together(tmp_path: Path) -> None:
+    server, port, records = _start(tmp_path)
+    try:
+        deadline = time.time() + 120
+        workers: set[int] = set()
+        while len(workers) < 2 and time.time() < deadline:  # fresh connections, spread by the kernel
+            try:
+                workers.add(httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json()["worker"])
+            except httpx.HTTPError:
+                assert server.poll() is None, "the service exited"
+                time.sleep(0.5)
+        assert workers == {0, 1}
+        for i in range(40):
+            response = httpx.post(f"http://127.0.0.1:{port}/v1/analyze", json={"text": f"Dirty room {i}."},
+                                  timeout=30)
+            assert response.status_code == 200 and response.json()["results"][0]["sentiment"] == "negative"
+        events = [json.loads(line) for f in records.glob("*.jsonl") for line in f.read_text().splitlines()]
+        loads = {e["pid"] for e in events if e["event"] == "load"}
+        calls = {e["pid"]: 0 for e in events if e["event"] == "load"}
+        for e in events:
+            if e["event"] == "call":
+                calls[e["pid"]] += e["rows"]
+        assert len(loads) == 2 and server.pid not in loads, loads
+        assert sum(calls.values()) == 40 and all(n > 0 for n in calls.values()), calls  # each engine did work
+    finally:
+        server.send_signal(signal.SIGTERM)
+        rc = server.wait(timeout=90)
+    assert rc == 0
+    alive = [pid for pid in loads if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"workers left running: {alive}"
