@@ -315,12 +315,9 @@ class PreparedBatch:
         found = _EARLY_LABEL[self.answer_format].match(text)
         return None if found is None else found.group(1)
 
-    def early_label(self, j: int, text: str, label_logprobs: dict[str, float] | None) -> str | None:
-        """The label conversation j will be stored with, from its answer so far (early_answer through the label head
-        or calibration): None until the label's value has closed. The service sends it before the rest is decoded."""
-        answer = self.early_answer(text)
-        if answer is None:
-            return None
+    def early_label(self, j: int, answer: str, label_logprobs: dict[str, float] | None) -> str:
+        """The label conversation j will be stored with for the model's label found by early_answer (through the label
+        head or calibration). The service sends it before the rest is decoded."""
         return self._stored_label(self.todo[j], answer, label_logprobs)
 
     def _stored_label(self, i: int, answer: str, label_logprobs: dict[str, float] | None) -> str:

@@ -86,11 +86,16 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
 def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tuple[str | None, Retry | None], Any]:
     """One set of sampling settings per grammar (by review language when the summary's script is constrained) and
     attempt (the first, and the retries: engines.base.attempt_settings). final_only: vLLM reports each request once,
-    when it finishes (the batch), as token ids that the engine decodes once; else the answer's text as it grows (the
-    service's label-first stream)."""
+    when it finishes (the batch), as token ids that the engine decodes once; else as it grows (the service's
+    label-first stream): its new token ids each step, or, where the label's log-probabilities need vLLM's per-token
+    text, the whole text so far."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+    if final_only:
+        kind = RequestOutputKind.FINAL_ONLY
+    else:
+        kind = RequestOutputKind.CUMULATIVE if cfg.label_logprobs else RequestOutputKind.DELTA
     params: dict[tuple[str | None, Retry | None], Any] = {}
     for lang, grammar in answer_grammars(cfg).items():
         for retry in (None, "grammar", "penalty"):
@@ -102,13 +107,20 @@ def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tupl
                 max_tokens=cfg.max_tokens,
                 logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
                 structured_outputs=StructuredOutputsParams(**grammar) if cfg.guided and guided else None,
-                output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.CUMULATIVE,
+                output_kind=kind,
                 # vLLM's output processor detokenises every token of every running request as it is decoded, on
-                # the event loop that shares this process's GIL with the executor; a batch answer is read only
-                # once finished, so it is decoded then (the label's log-probabilities need the tokens' text).
-                detokenize=not final_only or cfg.label_logprobs,
+                # the event loop that shares this process's GIL with the executor (or the service's HTTP side);
+                # answers are decoded by their reader instead (answer_text), unless the label's log-probabilities
+                # need the tokens' text.
+                detokenize=cfg.label_logprobs,
             )
     return params
+
+
+def answer_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """An answer's token ids as vLLM's detokeniser writes a completion (its default skip_special_tokens: without the
+    end-of-turn token)."""
+    return str(tokenizer.decode(list(ids), skip_special_tokens=True))
 
 
 def import_vllm() -> None:
@@ -182,8 +194,7 @@ class VllmEngine:
         return str(self._tokenizer.decode(list(ids)))
 
     def _answer_text(self, ids: Sequence[int]) -> str:
-        # As vLLM's detokeniser writes a completion (its default skip_special_tokens): without the end-of-turn token.
-        return str(self._tokenizer.decode(list(ids), skip_special_tokens=True))
+        return answer_text(self._tokenizer, ids)
 
     def render(self, conversation: Sequence[Message]) -> str:
         """The prompt text of a conversation under the model's chat template."""

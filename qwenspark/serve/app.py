@@ -273,8 +273,7 @@ class Service:
                         waiting[0] = False
                         self.metrics.queue_depth.dec()
                     if label is not None and (answer := batch.early_answer(part.text)) is not None:
-                        sent = batch.early_label(j, part.text, part.label_logprobs)
-                        assert sent is not None
+                        sent = batch.early_label(j, answer, part.label_logprobs)
                         self.metrics.label_latency.observe(time.perf_counter() - started)
                         label(j, sent)
                         label, pin = None, answer

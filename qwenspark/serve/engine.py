@@ -70,9 +70,8 @@ class AsyncVllm:
         self._llm, self._tokenizer, self._params, self.model_name = llm, tokenizer, params, model
         self._cfg = cfg
         self._prompt_ids = PromptIds(self.encode)  # the prompt's text around the review tokenised once
-        # Without label log-probabilities (vLLM needs its per-token text for those), answers come as new token ids
-        # (DELTA, no detokenising in vLLM's output handler, which shares this process with the HTTP side): decoded
-        # here while the label is still to come, then once, whole, at the end.
+        # Without label log-probabilities, answers come as new token ids (sampling_params): decoded here while the
+        # label is still to come, then once, whole, at the end.
         self._ids_only = cfg is not None and not cfg.label_logprobs
         self._pinned: dict[tuple[str | None, str], Any] = {}  # (language, label) -> its StructuredOutputsParams
         self._ids = itertools.count()
@@ -95,20 +94,10 @@ class AsyncVllm:
         tokenizer = llm.get_tokenizer()
         if inspect.isawaitable(tokenizer):  # older releases: a coroutine
             tokenizer = await tokenizer
-        params = sampling_params(cfg)
-        if not cfg.label_logprobs:
-            from vllm.sampling_params import RequestOutputKind
-
-            for key, value in params.items():
-                params[key] = value.clone()
-                params[key].output_kind, params[key].detokenize = RequestOutputKind.DELTA, False
-        return cls(llm, tokenizer, params, cfg.model, cfg)
+        return cls(llm, tokenizer, sampling_params(cfg), cfg.model, cfg)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
-
-    def _answer_text(self, ids: Sequence[int]) -> str:
-        return str(self._tokenizer.decode(ids, skip_special_tokens=True))  # as vLLM's detokeniser writes it
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(ids)))
@@ -133,7 +122,7 @@ class AsyncVllm:
                      pin: str | None = None) -> AsyncIterator[Partial]:
         from vllm.inputs import TokensPrompt
 
-        from qwenspark.engines.vllm import _completion, _label_logprobs
+        from qwenspark.engines.vllm import _completion, _label_logprobs, answer_text
 
         text = self._tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
         ids = self._prompt_ids(str(text), conversation[-1]["content"])  # vLLM takes the ids as they are
@@ -150,10 +139,10 @@ class AsyncVllm:
                     continue
                 answer.extend(best.token_ids)
                 if out.finished:
-                    whole = self._answer_text(answer)
+                    whole = answer_text(self._tokenizer, answer)
                     yield Partial(whole, None, Completion(whole, best.finish_reason, len(ids), len(answer)))
                 elif len(answer) <= EARLY_TOKENS:
-                    yield Partial(self._answer_text(answer))
+                    yield Partial(answer_text(self._tokenizer, answer))
         except ValueError as exc:  # vLLM's validation of this request (a prompt longer than the context)
             raise RequestError(str(exc)) from exc
         except Exception as exc:  # the engine core failed or died: the service answers 503, never error rows
