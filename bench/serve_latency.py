@@ -12,6 +12,12 @@ label, the last the answer. Two kinds of load, each bounded by --requests and --
   --rate R     open loop: request i is due at i / R seconds, sent then whatever is in flight, and its latency is
                measured from that intended time (so a server that falls behind shows it, instead of slowing the
                load down with it).
+--client-procs K spreads an open loop over K client processes (request i goes to process i mod K, due at the same
+i / R): one Python client streaming a few hundred requests/s is itself a bound, which would show as the server's
+latency. Each process first opens its share of --warm-connections (default: half a second of the rate), as a caller's
+pool would hold them. Each load also reports the CPU cores each side used over it (cpu_cores: the service's own process,
+its child processes such as vLLM's engine core, and the clients): a side near 1.0 of its one Python thread is the
+bound; and what stalled the service's event loop (stalls: late ticks, collector pauses from its /metrics).
 Prints one line per load and writes the JSON (latencies in ms, requests by status).
 
 On the GPU machine (bench/device/README.md): --shape serves dummy weights of a published shape through
@@ -26,7 +32,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
+import multiprocessing
 import os
+import queue
 import shlex
 import socket
 import statistics
@@ -55,7 +64,8 @@ def reviews(n: int, seed: int = 7, data: Path = DEV) -> list[dict[str, Any]]:
 
 
 async def one(client: httpx.AsyncClient, body: dict[str, Any], due: float) -> dict[str, Any]:
-    """One streamed request; latencies from `due` (the intended send time)."""
+    """One streamed request; latencies from `due` (the intended send time, on the monotonic clock all client
+    processes share)."""
     label = full = None
     status, tokens_out = 0, None
     try:
@@ -64,7 +74,7 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], due: float) -> di
             async for line in response.aiter_lines():
                 if not line:
                     continue
-                now = time.perf_counter()
+                now = time.monotonic()
                 event = json.loads(line)
                 if "sentiment" in event and label is None:
                     label = now - due
@@ -76,36 +86,118 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], due: float) -> di
                     status = 599
     except httpx.HTTPError:
         status = 598
-    return {"status": status, "label_s": label, "full_s": full, "tokens_out": tokens_out}
+    return {"status": status, "due": due, "label_s": label, "full_s": full, "tokens_out": tokens_out}
 
 
 async def closed_loop(client: httpx.AsyncClient, bodies: list[dict[str, Any]], clients: int,
                       duration: float) -> list[dict[str, Any]]:
     queue = list(reversed(bodies))
-    end = time.perf_counter() + duration
+    end = time.monotonic() + duration
     results: list[dict[str, Any]] = []
 
     async def worker() -> None:
-        while queue and time.perf_counter() < end:
+        while queue and time.monotonic() < end:
             body = queue.pop()
-            results.append(await one(client, body, time.perf_counter()))
+            results.append(await one(client, body, time.monotonic()))
 
     await asyncio.gather(*(worker() for _ in range(clients)))
     return results
 
 
 async def open_loop(client: httpx.AsyncClient, bodies: list[dict[str, Any]], rate: float,
-                    duration: float, until: Callable[[], bool] = lambda: False) -> list[dict[str, Any]]:
-    """Request i sent at i / rate s, until duration, the bodies or until() ends it."""
-    start = time.perf_counter()
+                    duration: float, until: Callable[[], bool] = lambda: False, *, start: float | None = None,
+                    shard: tuple[int, int] = (0, 1)) -> list[dict[str, Any]]:
+    """Request i sent at start + i / rate s, until duration, the bodies or until() ends it; shard (k, K): only the
+    requests i with i mod K == k (the others are another client process's)."""
+    start = time.monotonic() if start is None else start
     tasks = []
+    k, procs = shard
     for i, body in enumerate(bodies):
         due = start + i / rate
         if due - start > duration or until():
             break
-        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        if i % procs != k:
+            continue
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
         tasks.append(asyncio.create_task(one(client, body, due)))
     return list(await asyncio.gather(*tasks))
+
+
+def _limits() -> httpx.Limits:
+    return httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
+
+
+def _shard(port: int, bodies: list[dict[str, Any]], *, rate: float, duration: float, start: float, k: int,
+           procs: int, warm: int, stop: Any, out: Any) -> None:
+    """One client process of an open loop (--client-procs): its share of the requests, then its results and CPU."""
+
+    async def run() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=_limits()) as client:
+            # a caller's steady pool of open connections, so that the load's first second is not the server
+            # accepting a burst of new ones
+            await asyncio.gather(*(client.get("/healthz") for _ in range(warm)))
+            return await open_loop(client, bodies, rate, duration, stop.is_set, start=start, shard=(k, procs))
+
+    cpu = time.process_time()
+    results = asyncio.run(run())
+    out.put((results, time.process_time() - cpu))
+
+
+async def sharded_open_loop(port: int, bodies: list[dict[str, Any]], rate: float, duration: float, *, procs: int,
+                            warm: int, until: Callable[[], bool]) -> tuple[list[dict[str, Any]], float]:
+    """An open loop over procs client processes, each with warm connections opened first; their results and the CPU
+    seconds they used."""
+    context = multiprocessing.get_context("spawn")
+    stop, out = context.Event(), context.Queue()
+    start = time.monotonic() + 3.0  # the processes start (spawn, imports) before the first request is due
+    shards = [context.Process(target=_shard, args=(port, bodies),
+                              kwargs={"rate": rate, "duration": duration, "start": start, "k": k, "procs": procs,
+                                      "warm": warm, "stop": stop, "out": out}) for k in range(procs)]
+    for proc in shards:
+        proc.start()
+    gathered: list[tuple[list[dict[str, Any]], float]] = []
+    while len(gathered) < procs:
+        if until():
+            stop.set()
+        try:
+            gathered.append(await asyncio.to_thread(out.get, True, 0.5))
+        except queue.Empty:  # look at until() again
+            if not any(proc.is_alive() for proc in shards) and out.empty():
+                raise RuntimeError("a client process died before reporting") from None
+    for proc in shards:
+        proc.join()
+    return [r for results, _ in gathered for r in results], sum(cpu for _, cpu in gathered)
+
+
+class CpuMeter:
+    """CPU seconds used by the service's process, by its child processes (vLLM's engine core) and by this client."""
+
+    def __init__(self, server_pid: int) -> None:
+        import psutil
+
+        self._server = psutil.Process(server_pid)
+
+    def read(self) -> dict[str, float]:
+        import psutil
+
+        def used(proc: Any) -> float:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                return 0.0
+            return float(times.user + times.system)
+
+        children = self._server.children(recursive=True)
+        return {"service": used(self._server), "children": sum(used(c) for c in children),
+                "client": time.process_time()}
+
+
+def cpu_cores(before: dict[str, float], after: dict[str, float], seconds: float, shards_cpu: float
+              ) -> dict[str, float]:
+    """Cores each side used over a load (a child process that ended within it is not counted)."""
+    cores = {k: round(max(0.0, after[k] - before[k]) / seconds, 2) for k in before}
+    cores["client"] = round(cores["client"] + shards_cpu / seconds, 2)
+    return cores
 
 
 def summary(name: str, results: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
@@ -150,6 +242,13 @@ def main() -> int:
     p.add_argument("--shape", help="GPU machine: dummy weights of this published shape (bench/executor_throughput.py)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer folder (with --shape)")
     p.add_argument("--lengths-from", type=Path, help="a real CPU eval whose output lengths the answers get")
+    p.add_argument("--detail", action="store_true",
+                   help="also write each request's [sent at s, label ms, answer ms, status] (when tails happen)")
+    p.add_argument("--client-procs", type=int, default=1,
+                   help="client processes an open loop is spread over (see above)")
+    p.add_argument("--warm-connections", type=int,
+                   help="connections the client processes open before an open loop (default: half a second of its "
+                        "rate), as a caller's pool holds them")
     p.add_argument("--alongside", help="a batch command run on the same machine during the loads (see above)")
     p.add_argument("--unguided-valid", type=float,
                    help="with --lengths-from and an optimistic version: the share of first attempts (no grammar) that "
@@ -185,8 +284,8 @@ def main() -> int:
 
 async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any],
                     server: subprocess.Popen[bytes]) -> None:
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as client:
+    meter = CpuMeter(server.pid)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=_limits()) as client:
         deadline = time.perf_counter() + 600
         while True:  # the model loads first
             try:
@@ -198,25 +297,78 @@ async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any]
                 await asyncio.sleep(1)
         figures["model"], figures["prompt_version"] = health["model"], health["prompt_version"]
         for body in reviews(8, seed=1, data=args.data):  # warm: prefix cache, grammar compile, both languages
-            await one(client, body, time.perf_counter())
+            await one(client, body, time.monotonic())
         batch = await asyncio.to_thread(start_alongside, args.alongside) if args.alongside else None
         loads: list[tuple[str, Any]] = [(f"clients={c}", int(c)) for c in filter(None, args.clients.split(","))]
         loads += [(f"rate={r}/s", r) for r in args.rate]
         for name, value in loads:
             bodies = reviews(args.requests, data=args.data)
-            t0 = time.perf_counter()
+            cpu, shards_cpu = meter.read(), 0.0
+            metrics_before = (await client.get("/metrics")).text
+            t0 = time.monotonic()
+            # beside a batch, an open loop stops with it: the figures are those of a shared GPU only
+            batch_ended = lambda: batch is not None and batch.poll() is not None  # noqa: E731
             if name.startswith("clients"):
                 results = await closed_loop(client, bodies, value, args.duration)
+            elif args.client_procs > 1:
+                results, shards_cpu = await sharded_open_loop(port, bodies, value, args.duration,
+                                                              procs=args.client_procs, until=batch_ended,
+                                                              warm=warm_connections(args, value))
+                t0 += 3.0  # the shards' first request was due 3 s after t0
             else:
-                # beside a batch, the load stops with it: the figures are those of a shared GPU only
-                results = await open_loop(client, bodies, value, args.duration,
-                                          until=lambda: batch is not None and batch.poll() is not None)
-            row = summary(name, results, time.perf_counter() - t0)
-            row["retries_so_far"] = retries((await client.get("/metrics")).text)
+                results = await open_loop(client, bodies, value, args.duration, until=batch_ended)
+            seconds = time.monotonic() - t0
+            row = summary(name, results, seconds)
+            row["cpu_cores"] = cpu_cores(cpu, meter.read(), seconds, shards_cpu)
+            if args.detail:
+                first = min((r["due"] for r in results), default=0.0)
+                row["detail"] = [[round(r["due"] - first, 3), _ms(r["label_s"]), _ms(r["full_s"]), r["status"]]
+                                 for r in sorted(results, key=lambda r: r["due"])]
+            row["client_procs"] = args.client_procs if name.startswith("rate") else 1
+            if name.startswith("rate") and args.client_procs > 1:
+                row["warm_connections"] = warm_connections(args, value) * args.client_procs
+            metrics_after = (await client.get("/metrics")).text
+            row["stalls"] = stalls(metrics_before, metrics_after)
+            row["retries_so_far"] = retries(metrics_after)
             figures["loads"].append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "detail"}), flush=True)
         if batch is not None:
             figures["alongside_rc"] = await asyncio.to_thread(batch.wait)
+
+
+def warm_connections(args: argparse.Namespace, rate: float) -> int:
+    """Connections each client process opens before its load: --warm-connections, or half a second of the rate."""
+    total = args.warm_connections if args.warm_connections is not None else math.ceil(rate / 2)
+    return math.ceil(total / args.client_procs)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(1000 * seconds, 1)
+
+
+def stalls(before: str, after: str) -> dict[str, Any]:
+    """What stalled the service's process over a load (qwenspark.serve.pauses): event-loop ticks later than 50 / 100 /
+    250 ms, and collector pauses by generation (count, seconds)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    b, a = samples(before), samples(after)
+
+    def grew(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return a.get(key, 0.0) - b.get(key, 0.0)
+
+    ticks = grew("qwenspark_serve_loop_lag_seconds_count")
+    out: dict[str, Any] = {"loop_ticks": int(ticks)}
+    for le in ("0.05", "0.1", "0.25"):
+        out[f"loop_late_over_{int(float(le) * 1000)}ms"] = int(ticks - grew("qwenspark_serve_loop_lag_seconds_bucket",
+                                                                            le=le))
+    out["gc"] = {g: [int(grew("qwenspark_serve_gc_pause_seconds_count", generation=g)),
+                     round(grew("qwenspark_serve_gc_pause_seconds_sum", generation=g), 3)] for g in ("0", "1", "2")}
+    return out
 
 
 def retries(metrics: str) -> dict[str, float]:

@@ -11,12 +11,15 @@ canned valid answer for SHARE of the requests (seeded by arrival) or as that lab
 (a misfit: the service generates it again with the grammar, pinned to the label it sent), with the tokens and time
 the engine really spent on it.
 
+QWENSPARK_BENCH_GC_FREEZE=0 leaves the service's heap unfrozen (the collector's pauses, compared in one sitting).
+
     [QWENSPARK_BENCH_UNGUIDED_VALID=0.95] python3 bench/device/serve_planned.py EVAL.json serve --config F [--set ...]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import json
 import os
@@ -85,6 +88,8 @@ def install(lengths_from: str) -> None:
         return engine
 
     serve_engine.AsyncVllm.start = classmethod(planned_start)  # type: ignore[assignment,method-assign]
+    if os.environ.get("QWENSPARK_BENCH_GC_FREEZE") == "0":  # the service as it was before it froze its heap (A/B)
+        gc.freeze = lambda: None
 
 
 def main() -> int:

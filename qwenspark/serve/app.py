@@ -9,6 +9,7 @@ is required off loopback (the service refuses to start without one there).
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import hmac
 import json
@@ -38,6 +39,7 @@ from qwenspark.errors import ConfigError, EngineError, RequestError
 from qwenspark.models.identity import model_identity
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS
 from qwenspark.serve.engine import ServeEngine
+from qwenspark.serve.pauses import Pauses
 
 log = logging.getLogger("qwenspark.serve")
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -164,6 +166,7 @@ class Metrics:
         rate = Gauge("qwenspark_serve_tokens_per_second", "Output tokens per second over the last 10 s", registry=r)
         self._window: deque[tuple[float, int]] = deque()
         rate.set_function(self.tokens_per_second)
+        self.pauses = Pauses(r)  # started by the serving process (serve_one): loop lag, collector pauses
 
     def generated(self, n: int) -> None:
         self.tokens.inc(n)
@@ -467,12 +470,22 @@ def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket
             await writer.start()
         service = Service(cfg, started, store=writer.put if writer is not None else None, worker=worker)
 
+        service.metrics.pauses.start()
+
         async def close() -> None:
+            await service.metrics.pauses.stop()
             if writer is not None:
                 await writer.stop()
             await started.close()
 
         app = create_app(service, on_close=close)
+        # What is loaded by now (torch, vLLM, the tokenizer: millions of objects) lives as long as the process: frozen
+        # out of the collector's reach, as vLLM's own server and workers do. Unfrozen, each full collection walked it
+        # for 0.4-0.5 s with every request in flight waiting (H200, 7B shape, 100 requests/s: 2 in 16 s,
+        # qwenspark_serve_gc_pause_seconds; bench/results/serve_latency_h200_7b_v13_gc.json).
+        gc.collect()
+        gc.freeze()
+        log.info("serve: %d objects frozen out of the garbage collector's reach", gc.get_freeze_count())
         log.info("serving %s (prompt %s) on http://%s:%d%s", started.model_name, cfg.prompt.version, host, port,
                  f" (worker {worker})" if sock is not None else "")
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))

@@ -65,10 +65,11 @@ class AsyncVllm:
 
     def __init__(self, llm: Any, tokenizer: Any, params: dict[tuple[str | None, Retry | None], Any],
                  model: str, cfg: EngineConfig | None = None) -> None:
-        from qwenspark.engines.vllm import PromptIds
+        from qwenspark.engines.vllm import PromptIds, fast_encode
 
         self._llm, self._tokenizer, self._params, self.model_name = llm, tokenizer, params, model
         self._cfg = cfg
+        self._encode = fast_encode(tokenizer)
         self._prompt_ids = PromptIds(self.encode)  # the prompt's text around the review tokenised once
         # Without label log-probabilities, answers come as new token ids (sampling_params): decoded here while the
         # label is still to come, then once, whole, at the end.
@@ -97,7 +98,7 @@ class AsyncVllm:
         return cls(llm, tokenizer, sampling_params(cfg), cfg.model, cfg)
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return self._encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(ids)))

@@ -53,3 +53,29 @@ def test_ids_equal_whole_prompt_tokenising(tiny_model: Path) -> None:
     for text in HOSTILE:
         prompt = f"<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
         assert ids(prompt, text) == list(tokenizer.encode(prompt, add_special_tokens=False)), text[:60]
+
+
+def test_fast_encode_gives_transformers_ids_through_the_rust_tokenizer(tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from qwenspark.engines.vllm import fast_encode
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    calls: list[str] = []
+
+    class Plain:  # an HF-like tokenizer without a Rust backend: its own encode, counted
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            calls.append(text)
+            return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    class Fast(Plain):
+        backend_tokenizer = tokenizer.backend_tokenizer
+
+    fast = fast_encode(Fast())
+    dev = pd.read_csv(DEV_CSV).sample(300, random_state=1)
+    for text in [str(t) for t in dev["text"]] + HOSTILE:
+        assert fast(text) == list(tokenizer.encode(text, add_special_tokens=False)), text
+    assert calls == []  # never through transformers' encode
+    assert fast("<|im_end|>") == [tokenizer.convert_tokens_to_ids("<|im_end|>")]  # special tokens read as HF reads them
+    assert fast_encode(Plain())("two words") == list(tokenizer.encode("two words", add_special_tokens=False))
+    assert calls == ["two words"]
