@@ -13,7 +13,7 @@ import gc
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 TICK_S = 0.01  # how often the loop is looked at: 100 wake-ups a second, a few microseconds each
@@ -29,6 +29,9 @@ class Pauses:
         self.gc_pause = Histogram("qwenspark_serve_gc_pause_seconds", "Python garbage-collector pauses of the "
                                   "service's process, by generation", ["generation"], buckets=_BUCKETS,
                                   registry=registry)
+        frozen = Gauge("qwenspark_serve_gc_frozen_objects", "Objects frozen out of the collector's reach (the heap "
+                       "loaded with the engine, frozen once at start)", registry=registry)
+        frozen.set_function(gc.get_freeze_count)
         self._gc_started = 0.0
         self._task: asyncio.Task[None] | None = None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -73,6 +74,16 @@ def test_two_workers_share_the_port_each_engine_answers_and_all_stop_together(tm
                 assert server.poll() is None, "the service exited"
                 time.sleep(0.5)
         assert workers == {0, 1}
+        # each worker froze its loaded heap out of the collector's reach (serve_one), read back from its /metrics
+        frozen = {}
+        while len(frozen) < 2 and time.time() < deadline:
+            with httpx.Client() as fresh:  # a new connection each time, spread over the workers by the kernel
+                health = fresh.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json()["worker"]
+                text = fresh.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            found = re.search(r"^qwenspark_serve_gc_frozen_objects (\S+)$", text, re.MULTILINE)
+            assert found is not None, text
+            frozen[health] = float(found.group(1))
+        assert len(frozen) == 2 and min(frozen.values()) > 10_000, frozen
         for i in range(40):
             response = httpx.post(f"http://127.0.0.1:{port}/v1/analyze", json={"text": f"Dirty room {i}."},
                                   timeout=30)
