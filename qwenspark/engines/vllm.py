@@ -135,7 +135,7 @@ def import_vllm() -> None:
 
 def fast_encode(tokenizer: Any) -> Callable[[str], list[int]]:
     """tokenizer's encode without special tokens, straight through its Rust tokenizer where it has one (a fast HF
-    tokenizer's backend_tokenizer): the same ids as transformers' encode (tests/engine/test_vllm_tokens.py) without its
+    tokenizer's backend_tokenizer): the same ids as transformers' encode (tests/engine/test_prompt_ids.py) without its
     per-call Python, 40 % of the time of a review's tokenising (150 -> 89 us per dev review on this CPU), which the
     service spends twice per request (the token cap, the prompt's ids)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)

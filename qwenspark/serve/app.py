@@ -482,7 +482,7 @@ def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket
         # What is loaded by now (torch, vLLM, the tokenizer: millions of objects) lives as long as the process: frozen
         # out of the collector's reach, as vLLM's own server and workers do. Unfrozen, each full collection walked it
         # for 0.4-0.5 s with every request in flight waiting (H200, 7B shape, 100 requests/s: 2 in 16 s,
-        # qwenspark_serve_gc_pause_seconds; bench/results/serve_latency_h200_7b_v13_gc.json).
+        # qwenspark_serve_gc_pause_seconds; bench/results/serve_latency_h200_stop31.json).
         gc.collect()
         gc.freeze()
         log.info("serve: %d objects frozen out of the garbage collector's reach", gc.get_freeze_count())

@@ -1,8 +1,9 @@
-"""What stalls the service's one Python process: event-loop lag and garbage-collector pauses, as Prometheus histograms.
+"""What stalls the service's one Python process: event-loop lag and garbage-collector pauses, as Prometheus figures.
 
 Every request in flight waits on the one event loop, so a stall of it (a long collection of the millions of objects
-torch and vLLM leave, a slow handler) lands on every latency at once: these two figures tell such a tail from the
-engine's own queueing.
+torch and vLLM leave, a slow handler) lands on every latency at once: these figures tell such a tail from the
+engine's own queueing. The heap loaded at start is frozen out of the collector's reach (serve.app.serve_one); how much
+of it shows as qwenspark_serve_gc_frozen_objects.
 """
 
 from __future__ import annotations
