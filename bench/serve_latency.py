@@ -91,13 +91,13 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], due: float) -> di
 
 async def closed_loop(client: httpx.AsyncClient, bodies: list[dict[str, Any]], clients: int,
                       duration: float) -> list[dict[str, Any]]:
-    queue = list(reversed(bodies))
+    pending = list(reversed(bodies))
     end = time.monotonic() + duration
     results: list[dict[str, Any]] = []
 
     async def worker() -> None:
-        while queue and time.monotonic() < end:
-            body = queue.pop()
+        while pending and time.monotonic() < end:
+            body = pending.pop()
             results.append(await one(client, body, time.monotonic()))
 
     await asyncio.gather(*(worker() for _ in range(clients)))
@@ -303,7 +303,7 @@ async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any]
         loads += [(f"rate={r}/s", r) for r in args.rate]
         for name, value in loads:
             bodies = reviews(args.requests, data=args.data)
-            cpu, shards_cpu = meter.read(), 0.0
+            cpu, shards_cpu, row_extra = meter.read(), 0.0, {}
             metrics_before = (await client.get("/metrics")).text
             t0 = time.monotonic()
             # beside a batch, an open loop stops with it: the figures are those of a shared GPU only
@@ -311,10 +311,11 @@ async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any]
             if name.startswith("clients"):
                 results = await closed_loop(client, bodies, value, args.duration)
             elif args.client_procs > 1:
+                warm = warm_connections(args, value)
                 results, shards_cpu = await sharded_open_loop(port, bodies, value, args.duration,
-                                                              procs=args.client_procs, until=batch_ended,
-                                                              warm=warm_connections(args, value))
+                                                              procs=args.client_procs, until=batch_ended, warm=warm)
                 t0 += 3.0  # the shards' first request was due 3 s after t0
+                row_extra = {"warm_connections": warm * args.client_procs}
             else:
                 results = await open_loop(client, bodies, value, args.duration, until=batch_ended)
             seconds = time.monotonic() - t0
@@ -325,8 +326,7 @@ async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any]
                 row["detail"] = [[round(r["due"] - first, 3), _ms(r["label_s"]), _ms(r["full_s"]), r["status"]]
                                  for r in sorted(results, key=lambda r: r["due"])]
             row["client_procs"] = args.client_procs if name.startswith("rate") else 1
-            if name.startswith("rate") and args.client_procs > 1:
-                row["warm_connections"] = warm_connections(args, value) * args.client_procs
+            row.update(row_extra)
             metrics_after = (await client.get("/metrics")).text
             row["stalls"] = stalls(metrics_before, metrics_after)
             row["retries_so_far"] = retries(metrics_after)
@@ -346,15 +346,20 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(1000 * seconds, 1)
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def samples(metrics: str) -> Samples:
+    """The service's /metrics text as {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(metrics) for s in family.samples}
+
+
 def stalls(before: str, after: str) -> dict[str, Any]:
     """What stalled the service's process over a load (qwenspark.serve.pauses): event-loop ticks later than 50 / 100 /
     250 ms, and collector pauses by generation (count, seconds)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
-
     b, a = samples(before), samples(after)
 
     def grew(name: str, **labels: str) -> float:
@@ -373,12 +378,8 @@ def stalls(before: str, after: str) -> dict[str, Any]:
 
 def retries(metrics: str) -> dict[str, float]:
     """The service's second attempts so far, by kind (qwenspark_serve_retries_total)."""
-    found = {}
-    for line in metrics.splitlines():
-        if line.startswith("qwenspark_serve_retries_total{"):
-            kind = line.split('kind="', 1)[1].split('"', 1)[0]
-            found[kind] = float(line.rsplit(" ", 1)[1])
-    return found
+    return {dict(labels)["kind"]: value for (name, labels), value in samples(metrics).items()
+            if name == "qwenspark_serve_retries_total"}
 
 
 def start_alongside(command: str) -> subprocess.Popen[str]:

@@ -66,24 +66,23 @@ def test_two_workers_share_the_port_each_engine_answers_and_all_stop_together(tm
     server, port, records = _start(tmp_path)
     try:
         deadline = time.time() + 120
-        workers: set[int] = set()
-        while len(workers) < 2 and time.time() < deadline:  # fresh connections, spread by the kernel
+        # each worker answers, and froze its loaded heap out of the collector's reach (serve_one): read back from
+        # its /metrics
+        frozen: dict[int, float] = {}
+        while len(frozen) < 2 and time.time() < deadline:
             try:
-                workers.add(httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json()["worker"])
+                with httpx.Client(timeout=5) as fresh:  # a new connection each time, spread by the kernel
+                    worker = fresh.get(f"http://127.0.0.1:{port}/healthz").json()["worker"]
+                    text = fresh.get(f"http://127.0.0.1:{port}/metrics").text
             except httpx.HTTPError:
                 assert server.poll() is None, "the service exited"
                 time.sleep(0.5)
-        assert workers == {0, 1}
-        # each worker froze its loaded heap out of the collector's reach (serve_one), read back from its /metrics
-        frozen = {}
-        while len(frozen) < 2 and time.time() < deadline:
-            with httpx.Client() as fresh:  # a new connection each time, spread over the workers by the kernel
-                health = fresh.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json()["worker"]
-                text = fresh.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+                continue
             found = re.search(r"^qwenspark_serve_gc_frozen_objects (\S+)$", text, re.MULTILINE)
             assert found is not None, text
-            frozen[health] = float(found.group(1))
-        assert len(frozen) == 2 and min(frozen.values()) > 10_000, frozen
+            frozen[worker] = float(found.group(1))
+        assert set(frozen) == {0, 1}
+        assert min(frozen.values()) > 10_000, frozen
         for i in range(40):
             response = httpx.post(f"http://127.0.0.1:{port}/v1/analyze", json={"text": f"Dirty room {i}."},
                                   timeout=30)
