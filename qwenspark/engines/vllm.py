@@ -27,7 +27,8 @@ def apply_env(cfg: EngineConfig) -> None:
     os.environ.update(cfg.env)
 
 
-def _on_gpu() -> bool:
+def on_gpu() -> bool:
+    """Whether torch sees a CUDA device (imports torch: executors and the service only)."""
     import torch
 
     return bool(torch.cuda.is_available())
@@ -68,7 +69,7 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
     """The keyword arguments of vLLM's (Async)EngineArgs for cfg (None values left out; vllm_feeds.engine_args)."""
     kwargs: dict[str, Any] = {
         "tokenizer": cfg.tokenizer,
-        "dtype": resolve_dtype(cfg.dtype, _on_gpu()),
+        "dtype": resolve_dtype(cfg.dtype, on_gpu()),
         "max_model_len": cfg.max_model_len,
         "enforce_eager": cfg.enforce_eager,
         "seed": cfg.seed,

@@ -25,6 +25,33 @@ log = logging.getLogger("qwenspark.serve")
 EARLY_TOKENS = 16
 
 
+# The service's engine settings on a GPU where engine.engine_kwargs leaves them unset, measured on an H200 at 100
+# requests/s, 7B shape (bench/results/serve_latency_h200_stop32.json, one host, one sitting):
+# - Every step as one CUDA graph (cudagraph_mode FULL), captured up to the step's token budget. At a steady arrival
+#   rate most steps mix a new prompt's prefill with the running answers' decoding; vLLM's default (FULL_AND_PIECEWISE,
+#   graphs up to 256 tokens) ran those in piecewise graphs or none (the steps are larger), leaving the engine core's
+#   Python to launch each layer's kernels: 3.3 cores busy and saturated at 68 answers/s (answer P50 4.9 s), against
+#   1.5 cores and 94.5/s (P50 0.50 s) with full graphs. FlashAttention 3 (Hopper) runs mixed steps in a graph; on a
+#   GPU or backend that cannot, vLLM itself falls back to FULL_AND_PIECEWISE and logs why.
+# - 256 sequences at once, not the engine class's 128: at 100/s about as many answers are in flight, and the 129th
+#   waited for a free seat (label P99 1.5-2.2 s with 128, 0.73 s with 256). `vllm serve`'s 1,024 sequences and 8,192
+#   tokens per step were worse (stop 29: label P99 2.6 s against 411 ms at 50/s): a large step delays every answer.
+SERVE_GPU_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
+GRAPH_TOKENS_MAX = 2048  # graphs captured for steps of up to this many tokens: each size is a capture at start
+
+
+def gpu_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """kwargs (engines.vllm.engine_kwargs) with the service's GPU defaults under what the user set."""
+    out = {**SERVE_GPU_DEFAULTS, **kwargs}
+    if out.get("enforce_eager"):
+        return out
+    graphs = dict(out.get("compilation_config") or {})
+    graphs.setdefault("cudagraph_mode", "FULL")
+    graphs.setdefault("max_cudagraph_capture_size", min(int(out["max_num_batched_tokens"]), GRAPH_TOKENS_MAX))
+    out["compilation_config"] = graphs
+    return out
+
+
 @dataclass(frozen=True)
 class Partial:
     """The answer so far; done holds the whole completion on the last one."""
@@ -80,18 +107,19 @@ class AsyncVllm:
     @classmethod
     async def start(cls, cfg: EngineConfig) -> AsyncVllm:
         """Load the model (in vLLM's engine-core process) for cfg, set as templated() sets it for the prompt."""
-        from qwenspark.engines.vllm import apply_env, engine_kwargs, import_vllm, sampling_params
+        from qwenspark.engines.vllm import apply_env, engine_kwargs, import_vllm, on_gpu, sampling_params
         from qwenspark.engines.vllm_feeds import engine_args
 
         apply_env(cfg)
         import_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        # vLLM sizes its default batch by the usage context. The service keeps the engine class's own (at most 128
-        # sequences, 2,048 tokens per step), not `vllm serve`'s 1,024 / 8,192: measured on an H200 (7B shape, guided,
-        # 50 requests/s; bench/results/serve_latency_h200*.json) the larger batch answered 44.6/s with a label P99 of
-        # 2.6 s against 48.0/s and 411 ms. engine.engine_kwargs.max_num_seqs sets it.
-        llm = AsyncLLM.from_engine_args(engine_args(engine_kwargs(cfg), cfg.model, asynchronous=True))
+        kwargs = engine_kwargs(cfg)
+        if on_gpu():
+            kwargs = gpu_kwargs(kwargs)
+            log.info("serve: vLLM on the GPU with %s sequences at once, %s tokens a step, CUDA graphs %s",
+                     kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"], kwargs.get("compilation_config", "off"))
+        llm = AsyncLLM.from_engine_args(engine_args(kwargs, cfg.model, asynchronous=True))
         tokenizer = llm.get_tokenizer()
         if inspect.isawaitable(tokenizer):  # older releases: a coroutine
             tokenizer = await tokenizer

@@ -79,3 +79,24 @@ def test_fast_encode_gives_transformers_ids_through_the_rust_tokenizer(tiny_mode
     assert fast("<|im_end|>") == [tokenizer.convert_tokens_to_ids("<|im_end|>")]  # special tokens read as HF reads them
     assert fast_encode(Plain())("two words") == list(tokenizer.encode("two words", add_special_tokens=False))
     assert calls == ["two words"]
+
+
+def test_the_token_cap_skips_only_texts_that_fit_it(tiny_model: Path) -> None:
+    # batching.truncate_by_tokens does not tokenise a text of fewer UTF-8 bytes than the cap: with Qwen's real
+    # tokenizer no text has more tokens than bytes, on the dev reviews and the hostile ones (special tokens included).
+    from transformers import AutoTokenizer
+
+    from qwenspark.batching import truncate_by_tokens
+    from qwenspark.engines.vllm import fast_encode
+
+    encode = fast_encode(AutoTokenizer.from_pretrained(str(tiny_model)))
+    texts = [str(t) for t in pd.read_csv(DEV_CSV)["text"]] + HOSTILE + ["\U0001f642" * 50, "\u00e9" * 40, "\x00\x01"]
+    skipped = 0
+    for text in texts:
+        tokens = len(encode(text))
+        assert tokens <= len(text.encode("utf-8")), text[:40]
+        for cap in (16, 256, 768):
+            _, truncated = truncate_by_tokens(text, cap, encode, lambda ids: "")
+            assert truncated == (tokens > cap)
+            skipped += not truncated and len(text.encode("utf-8")) < cap
+    assert skipped > len(texts)  # the shortcut was taken (most reviews at 768)

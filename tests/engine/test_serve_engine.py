@@ -111,3 +111,21 @@ def test_a_pinned_retry_writes_the_label_it_is_pinned_to(version: str, tiny_mode
     assert set(texts) == set(SENTIMENTS)
     for label, text in texts.items():
         assert text.startswith(first + label + ('"' if first else "\n")), (label, text)
+
+
+def test_the_gpu_defaults_sit_under_the_users_settings_and_vllm_reads_them() -> None:
+    from vllm.config import CUDAGraphMode
+
+    from qwenspark.engines.vllm_feeds import engine_args
+    from qwenspark.serve.engine import gpu_kwargs
+
+    args = engine_args(gpu_kwargs({"dtype": "bfloat16"}), "m", asynchronous=True)
+    assert (args.max_num_seqs, args.max_num_batched_tokens) == (256, 2048)
+    assert args.compilation_config.cudagraph_mode == CUDAGraphMode.FULL
+    assert args.compilation_config.max_cudagraph_capture_size == 2048
+    # What the user set wins, key by key; the graphs follow a smaller step budget; eager means no graphs asked for.
+    mine = gpu_kwargs({"max_num_seqs": 64, "max_num_batched_tokens": 1024,
+                       "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}})
+    assert mine["max_num_seqs"] == 64
+    assert mine["compilation_config"] == {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 1024}
+    assert "compilation_config" not in gpu_kwargs({"enforce_eager": True})

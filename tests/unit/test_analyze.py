@@ -142,7 +142,8 @@ def test_empty_partition_loads_nothing() -> None:
     assert list(fn(iter([]))) == []
 
 
-@pytest.mark.parametrize(("text", "error"), [("a BUG here", TypeError), ("BADVALUE", ValueError)])
+# BADVALUE past the cap's bytes (_spec: 50), so that the cap tokenises it (batching.truncate_by_tokens)
+@pytest.mark.parametrize(("text", "error"), [("a BUG here", TypeError), ("BADVALUE " * 8, ValueError)])
 def test_a_bug_fails_the_task_instead_of_becoming_error_rows(text: str, error: type[Exception]) -> None:
     # Before: any ValueError/TypeError was taken for the engine refusing a row, so a code bug stored an error row
     # for every review and the run committed them. Only RequestError is a refusal now.

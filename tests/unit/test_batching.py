@@ -32,3 +32,18 @@ def test_truncate_by_tokens() -> None:
     assert truncate_by_tokens("abcdefgh", 5, encode, decode) == ("abcde", True)
     assert truncate_by_tokens("ab\ufffd", 3, encode, lambda ids: "ab\ufffd") == ("ab\ufffd", False)
     assert truncate_by_tokens("abcd", 3, encode, lambda ids: "ab\ufffd") == ("ab", True)
+
+
+def test_a_text_of_fewer_bytes_than_the_cap_is_not_tokenised() -> None:
+    seen: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        seen.append(text)
+        return list(text.encode())
+
+    decode = lambda ids: bytes(ids).decode(errors="replace")  # noqa: E731
+    assert truncate_by_tokens("好的", 7, encode, decode) == ("好的", False)  # 6 bytes
+    assert seen == []
+    assert truncate_by_tokens("好的", 6, encode, decode) == ("好的", False)  # 6 bytes: tokenised, fits
+    assert truncate_by_tokens("好的!", 5, encode, decode) == ("好", True)  # the cut half character dropped
+    assert seen == ["好的", "好的!"]
