@@ -16,8 +16,10 @@ label, the last the answer. Two kinds of load, each bounded by --requests and --
 i / R): one Python client streaming a few hundred requests/s is itself a bound, which would show as the server's
 latency. Each process first opens its share of --warm-connections (default: half a second of the rate), as a caller's
 pool would hold them. Each load also reports the CPU cores each side used over it (cpu_cores: the service's own process,
-its child processes such as vLLM's engine core, and the clients): a side near 1.0 of its one Python thread is the
-bound; and what stalled the service's event loop (stalls: late ticks, collector pauses from its /metrics).
+its child processes in all, vLLM's engine core among them, the busiest child, and the clients): a process near 1.0 of
+its one Python thread is the bound (with serve.workers sharing one engine the service's own process is the engine's
+host and the workers are children); and what stalled the service's event loop (stalls: late ticks, collector
+pauses from its /metrics).
 Prints one line per load and writes the JSON (latencies in ms, requests by status).
 
 On the GPU machine (bench/device/README.md): --shape serves dummy weights of a published shape through
@@ -187,16 +189,28 @@ class CpuMeter:
                 return 0.0
             return float(times.user + times.system)
 
-        children = self._server.children(recursive=True)
-        return {"service": used(self._server), "children": sum(used(c) for c in children),
-                "client": time.process_time()}
+        children = {c: used(c) for c in self._server.children(recursive=True)}
+        read = {"service": used(self._server), "children": sum(children.values()), "client": time.process_time(),
+                "engine_core": sum(t for c, t in children.items() if "EngineCore" in _name(c))}
+        read.update({f"child:{c.pid}": t for c, t in children.items()})
+        return read
+
+
+def _name(proc: Any) -> str:
+    try:
+        return str(proc.name())
+    except Exception:  # gone meanwhile
+        return ""
 
 
 def cpu_cores(before: dict[str, float], after: dict[str, float], seconds: float, shards_cpu: float
               ) -> dict[str, float]:
-    """Cores each side used over a load (a child process that ended within it is not counted)."""
-    cores = {k: round(max(0.0, after[k] - before[k]) / seconds, 2) for k in before}
+    """Cores each side used over a load (a child process that ended within it is not counted); busiest_child: the
+    most any one child process used (the engine core, or one of serve.workers' processes)."""
+    cores = {k: round(max(0.0, after.get(k, before[k]) - before[k]) / seconds, 2) for k in before}
     cores["client"] = round(cores["client"] + shards_cpu / seconds, 2)
+    each = [cores.pop(k) for k in list(cores) if k.startswith("child:")]
+    cores["busiest_child"] = max(each, default=0.0)
     return cores
 
 

@@ -674,9 +674,10 @@ class ServeConfig(_Section):
                         "batch and stream then skip that review), committed as the batch commits (job_runs, "
                         "aggregates); needs review_id, hotel_id and created_at as in hotel_reviews.")
     store_flush_s: float = Field(1.0, gt=0, le=60, description="How often stored answers are committed.")
-    workers: int = Field(1, ge=1, le=64, description="Service processes on the one port, each with its own engine "
-                         "(engine.gpu_memory_utilization is each one's share of the GPU); the kernel spreads "
-                         "connections over them. /healthz and /metrics describe the worker that answers.")
+    workers: int = Field(1, ge=1, le=64, description="Service processes on the one port; the kernel spreads "
+                         "connections over them. With engine.kind vllm they share one engine, loaded once by "
+                         "`qwenspark serve` (qwenspark.serve.shared); other kinds are loaded in each. /healthz and "
+                         "/metrics describe the worker that answers.")
     optimistic: bool = Field(True, description="With an optimistic prompt version (v11, v13): write each answer "
                              "without the grammar first, as the batch does, and generate the few that misfit again "
                              "with it, pinned to the label already sent. Off: every answer guided from its first "

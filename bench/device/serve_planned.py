@@ -49,7 +49,7 @@ class PlannedParams(dict[Any, Any]):
         return params
 
 
-def unguided_valid(engine: serve_engine.AsyncVllm, share: float, answer_format: str) -> None:
+def unguided_valid(engine: serve_engine.ServeEngine, share: float, answer_format: str) -> None:
     """First attempts (no grammar) read as a trained model's: its label line at once, and valid for `share`."""
     stream, arrivals = engine.stream, itertools.count()
     answers = ValidShare.ANSWER[answer_format]
@@ -88,6 +88,19 @@ def install(lengths_from: str) -> None:
         return engine
 
     serve_engine.AsyncVllm.start = classmethod(planned_start)  # type: ignore[assignment,method-assign]
+    if share is not None:  # serve.workers sharing one engine: the first attempts are played in each service process
+        from qwenspark.serve import app
+        from qwenspark.serve.shared import SharedVllm
+
+        init = app.Service.__init__
+
+        def played_init(service: app.Service, cfg: Any, engine: Any, *args: Any, **kwargs: Any) -> None:
+            init(service, cfg, engine, *args, **kwargs)
+            settings = app.serve_engine_config(cfg)
+            if isinstance(engine, SharedVllm) and settings.optimistic:
+                unguided_valid(engine, float(share), settings.answer_format)
+
+        app.Service.__init__ = played_init  # type: ignore[method-assign,assignment]
     if os.environ.get("QWENSPARK_BENCH_GC_FREEZE") == "0":  # the service as it was before it froze its heap (A/B)
         gc.freeze = lambda: None
 

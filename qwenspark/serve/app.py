@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -452,19 +453,28 @@ def serve(cfg: QwenSparkConfig, host: str | None = None, port: int | None = None
 
 
 def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket | None = None, worker: int = 0,
-              ready: Callable[[], None] | None = None) -> None:
-    """One service process: its engine, its HTTP server (on sock when given: a worker's port-sharing socket); ready
-    is called once both are up."""
+              ready: Callable[[], None] | None = None, engine_path: Path | None = None) -> None:
+    """One service process: its engine (or, given engine_path, the shared engine's socket: qwenspark.serve.shared),
+    its HTTP server (on sock when given: a worker's port-sharing socket); ready is called once both are up."""
     import uvicorn
 
     from qwenspark.serve.engine import start_engine
 
     engine_cfg = serve_engine_config(cfg)
+    running: list[uvicorn.Server] = []
+    lost: list[bool] = []  # the shared engine went away: this process stops serving and fails (the supervisor sees)
+
+    def on_lost() -> None:
+        lost.append(True)
+        for server in running:
+            server.should_exit = True
 
     async def main() -> None:
+        from qwenspark.serve.shared import SharedVllm
         from qwenspark.serve.store import Store
 
-        started = await start_engine(engine_cfg)
+        started: ServeEngine = await (SharedVllm.connect(engine_path, on_lost) if engine_path is not None
+                                      else start_engine(engine_cfg))
         writer = Store(cfg) if cfg.serve.store else None
         if writer is not None:
             await writer.start()
@@ -489,6 +499,7 @@ def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket
         log.info("serving %s (prompt %s) on http://%s:%d%s", started.model_name, cfg.prompt.version, host, port,
                  f" (worker {worker})" if sock is not None else "")
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        running.append(server)
         serving = asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
@@ -497,3 +508,5 @@ def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket
         await serving
 
     asyncio.run(main())
+    if lost:
+        raise EngineError("serve: the shared engine went away")

@@ -8,7 +8,8 @@ import inspect
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,19 +87,60 @@ class ServeEngine(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Step:
+    """An answer in progress as the engine reports it, in token ids: what AsyncVllm.steps yields and what crosses
+    from a shared engine to the service process that decodes it (qwenspark.serve.shared)."""
+
+    ids: list[int]  # the answer so far (whole once finished)
+    text: str | None = None  # vLLM's own text, where it detokenises (the label's log-probabilities need it)
+    label_logprobs: dict[str, float] | None = None
+    finish_reason: str | None = None
+    tokens_in: int = 0
+    finished: bool = False
+
+
+class Prompts:
+    """The tokenizer's side of the service's vLLM engine: a conversation's prompt ids, an answer's text."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from qwenspark.engines.vllm import PromptIds, fast_encode
+
+        self._tokenizer = tokenizer
+        self._encode = fast_encode(tokenizer)
+        self._prompt_ids = PromptIds(self._encode)  # the prompt's text around the review tokenised once
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(ids)))
+
+    def prompt(self, conversation: Sequence[Message]) -> list[int]:
+        """The conversation's chat prompt as token ids, as vLLM takes them."""
+        text = self._tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
+        return self._prompt_ids(str(text), conversation[-1]["content"])
+
+    def partial(self, step: Step) -> Partial:
+        """The step as the service reads it: the answer's text so far, and the whole completion on the last."""
+        from qwenspark.engines.vllm import answer_text
+
+        text = step.text if step.text is not None else answer_text(self._tokenizer, step.ids)
+        done = Completion(text, step.finish_reason, step.tokens_in, len(step.ids), step.label_logprobs) \
+            if step.finished else None
+        return Partial(text, step.label_logprobs, done)
+
+
 class AsyncVllm:
     """vLLM's AsyncLLM (its public async API): concurrent requests join one continuous batch; each prompt is handed
     over as token ids (TokensPrompt), tokenised once here."""
 
     def __init__(self, llm: Any, tokenizer: Any, params: dict[tuple[str | None, Retry | None], Any],
                  model: str, cfg: EngineConfig | None = None) -> None:
-        from qwenspark.engines.vllm import PromptIds, fast_encode
-
         self._llm, self._tokenizer, self._params, self.model_name = llm, tokenizer, params, model
         self._cfg = cfg
-        self._encode = fast_encode(tokenizer)
-        self._prompt_ids = PromptIds(self.encode)  # the prompt's text around the review tokenised once
-        # Without label log-probabilities, answers come as new token ids (sampling_params): decoded here while the
+        self.prompts = Prompts(tokenizer)
+        # Without label log-probabilities, answers come as new token ids (sampling_params): reported while the
         # label is still to come, then once, whole, at the end.
         self._ids_only = cfg is not None and not cfg.label_logprobs
         self._pinned: dict[tuple[str | None, str], Any] = {}  # (language, label) -> its StructuredOutputsParams
@@ -126,10 +168,15 @@ class AsyncVllm:
         return cls(llm, tokenizer, sampling_params(cfg), cfg.model, cfg)
 
     def encode(self, text: str) -> list[int]:
-        return self._encode(text)
+        return self.prompts.encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return str(self._tokenizer.decode(list(ids)))
+        return self.prompts.decode(ids)
+
+    @property
+    def tokenizer_path(self) -> str:
+        """Where the tokenizer was loaded from (a shared engine's service processes load the same)."""
+        return str(getattr(self._tokenizer, "name_or_path", "") or self.model_name)
 
     def _settings(self, lang: str | None, retry: Retry | None, pin: str | None) -> Any:
         """The sampling settings of one attempt; with pin, a copy whose grammar allows only that label."""
@@ -149,12 +196,18 @@ class AsyncVllm:
 
     async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
                      pin: str | None = None) -> AsyncIterator[Partial]:
+        async with aclosing(self.steps(self.prompts.prompt(conversation), lang, retry, pin)) as steps:
+            async for step in steps:
+                yield self.prompts.partial(step)
+
+    async def steps(self, ids: list[int], lang: str | None, retry: Retry | None = None,
+                    pin: str | None = None) -> AsyncGenerator[Step, None]:
+        """The answer to a prompt given as token ids, as it grows: its first tokens (the label) one by one, then
+        whole (every step, with vLLM's text, where the label's log-probabilities are asked for)."""
         from vllm.inputs import TokensPrompt
 
-        from qwenspark.engines.vllm import _completion, _label_logprobs, answer_text
+        from qwenspark.engines.vllm import _label_logprobs
 
-        text = self._tokenizer.apply_chat_template(list(conversation), tokenize=False, add_generation_prompt=True)
-        ids = self._prompt_ids(str(text), conversation[-1]["content"])  # vLLM takes the ids as they are
         params = self._settings(lang, retry, pin)
         answer: list[int] = []
         try:
@@ -163,15 +216,14 @@ class AsyncVllm:
                                                 f"serve-{next(self._ids)}"):
                 best = out.outputs[0]
                 if not self._ids_only:
-                    yield Partial(best.text, _label_logprobs(best) if best.logprobs else None,
-                                  _completion(out) if out.finished else None)
+                    yield Step(list(best.token_ids), best.text, _label_logprobs(best) if best.logprobs else None,
+                               best.finish_reason, len(ids), out.finished)
                     continue
                 answer.extend(best.token_ids)
                 if out.finished:
-                    whole = answer_text(self._tokenizer, answer)
-                    yield Partial(whole, None, Completion(whole, best.finish_reason, len(ids), len(answer)))
+                    yield Step(answer, None, None, best.finish_reason, len(ids), True)
                 elif len(answer) <= EARLY_TOKENS:
-                    yield Partial(answer_text(self._tokenizer, answer))
+                    yield Step(list(answer))
         except ValueError as exc:  # vLLM's validation of this request (a prompt longer than the context)
             raise RequestError(str(exc)) from exc
         except Exception as exc:  # the engine core failed or died: the service answers 503, never error rows

@@ -1,17 +1,24 @@
-"""Several service processes on one port (serve.workers): each with its own engine, the kernel spreading connections
-over them (SO_REUSEPORT), started one at a time and stopped together."""
+"""Several service processes on one port (serve.workers), the kernel spreading connections over them (SO_REUSEPORT),
+stopped together: with engine.kind vllm all share one engine hosted here (qwenspark.serve.shared); other engines are
+loaded in each process, one process at a time."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import logging
 import multiprocessing
+import shutil
 import signal
 import socket
+import tempfile
+import threading
 from multiprocessing.connection import wait
 from multiprocessing.synchronize import Event
+from pathlib import Path
 from typing import Any
 
-from qwenspark.config import QwenSparkConfig
+from qwenspark.config import EngineConfig, QwenSparkConfig
 from qwenspark.errors import EngineError
 
 log = logging.getLogger("qwenspark.serve")
@@ -27,11 +34,72 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker(cfg: QwenSparkConfig, host: str, port: int, *, index: int, ready: Event, level: int) -> None:
+def _worker(cfg: QwenSparkConfig, host: str, port: int, *, index: int, ready: Event, level: int,
+            engine_path: Path | None) -> None:
     from qwenspark.serve.app import serve_one
 
     logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s %(name)s[{index}]: %(message)s")
-    serve_one(cfg, host, port, sock=listening_socket(host, port), worker=index, ready=ready.set)
+    serve_one(cfg, host, port, sock=listening_socket(host, port), worker=index, ready=ready.set,
+              engine_path=engine_path)
+
+
+class EngineHost:
+    """The shared engine and its socket (qwenspark.serve.shared.Host), on an event loop of their own in a thread of
+    the supervisor; `gone` becomes readable when that thread ends."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self._dir = Path(tempfile.mkdtemp(prefix="qwenspark-engine-"))  # 0700: only this user reaches the socket
+        self.path = self._dir / "engine.sock"
+        self._loaded = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+        self.gone, self._alive = socket.socketpair()
+        self._thread = threading.Thread(target=self._run, name="qwenspark-engine-host", daemon=True)
+
+    def start(self) -> Path:
+        """Load the engine and listen; the socket's path once both are done."""
+        self._thread.start()
+        self._loaded.wait()
+        if self._error is not None or not self._thread.is_alive():
+            raise EngineError(f"serve: the shared engine did not start: {self._error!r}")
+        return self.path
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported by start(), or once serving by the supervisor (`gone`)
+            self._error = exc
+            log.exception("serve: the shared engine's host stopped")
+        finally:
+            self._loaded.set()
+            self._alive.close()
+
+    async def _main(self) -> None:
+        from qwenspark.serve.engine import AsyncVllm
+        from qwenspark.serve.shared import Host
+
+        self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
+        engine = await AsyncVllm.start(self.cfg)
+        host = Host(engine, self.path)
+        try:
+            await host.start()
+            gc.collect()  # what is loaded lives as long as the process (serve_one says why)
+            gc.freeze()
+            log.info("serve: one engine for all workers (%s), on %s", engine.model_name, self.path)
+            self._loaded.set()
+            await self._stopping.wait()
+            log.info("serve: the shared engine handed %d requests to vLLM", host.served)
+            await host.stop()
+        finally:
+            await engine.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stopping is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stopping.set)
+            self._thread.join(120)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _stop(signum: int, frame: Any) -> None:
@@ -39,24 +107,35 @@ def _stop(signum: int, frame: Any) -> None:
 
 
 def supervise(cfg: QwenSparkConfig, host: str, port: int) -> None:
-    """Start serve.workers service processes, each once the one before it is serving (vLLM sizes an engine's memory
-    from what it finds free on the GPU, so two loading at once would both count the same memory); serve until
-    interrupted; if one worker exits, stop the others and fail (an outage ends red)."""
+    """Start serve.workers service processes (with engine.kind vllm, after the one engine they share; other engines
+    in each process, each process once the one before it is serving: vLLM sizes an engine's memory from what it finds
+    free on the GPU, so two loading at once would both count the same memory); serve until interrupted; if a worker
+    or the shared engine's host ends, stop the rest and fail (an outage ends red)."""
+    from qwenspark.serve.app import serve_engine_config
+
     context = multiprocessing.get_context("spawn")  # a forked CUDA context is unusable
     workers: list[Any] = []
+    shared = EngineHost(serve_engine_config(cfg)) if cfg.engine.kind == "vllm" else None
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
+        engine_path = shared.start() if shared is not None else None
+        starting: list[tuple[int, Any, Event]] = []
         for index in range(cfg.serve.workers):
             ready = context.Event()
             proc = context.Process(target=_worker, name=f"qwenspark-serve-{index}", args=(cfg, host, port),
-                                   kwargs={"index": index, "ready": ready, "level": logging.getLogger().level})
+                                   kwargs={"index": index, "ready": ready, "level": logging.getLogger().level,
+                                           "engine_path": engine_path})
             proc.start()
             workers.append(proc)
-            while not ready.wait(0.5):
-                if not proc.is_alive():
-                    raise EngineError(f"serve worker {index} exited (rc {proc.exitcode}) before it was serving")
+            starting.append((index, proc, ready))
+            if shared is None:  # each loads an engine: one at a time
+                _wait_ready(index, proc, ready)
+        for index, proc, ready in starting:
+            _wait_ready(index, proc, ready)
         log.info("%d workers serving on http://%s:%d", len(workers), host, port)
-        wait([proc.sentinel for proc in workers])
+        ended = wait([proc.sentinel for proc in workers] + ([shared.gone] if shared is not None else []))
+        if shared is not None and shared.gone in ended:
+            raise EngineError("serve: the shared engine's host stopped; the workers are stopped")
         gone = next(proc for proc in workers if not proc.is_alive())
         raise EngineError(f"serve: {gone.name} exited (rc {gone.exitcode}); the others are stopped")
     except KeyboardInterrupt:
@@ -69,4 +148,12 @@ def supervise(cfg: QwenSparkConfig, host: str, port: int) -> None:
             proc.join(60)
             if proc.is_alive():
                 proc.kill()
+        if shared is not None:
+            shared.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _wait_ready(index: int, proc: Any, ready: Event) -> None:
+    while not ready.wait(0.5):
+        if not proc.is_alive():
+            raise EngineError(f"serve worker {index} exited (rc {proc.exitcode}) before it was serving")

@@ -1,5 +1,6 @@
-"""serve.workers: several service processes on one port, each with its own engine. Which engine answered is read
-from the test engine's own records (one file per process), not from the service; the supervisor stops them all."""
+"""serve.workers with a custom engine: several service processes on one port, each with its own engine. Which
+engine answered is read from the test engine's own records (one file per process), not from the service; the
+supervisor stops them all."""
 
 from __future__ import annotations
 

@@ -1,0 +1,99 @@
+"""`qwenspark serve` with serve.workers: 2 and engine.kind vllm, the tiny random Qwen3 through real vLLM: one engine
+core for both service processes, each of them answering. The processes and their CPU time are read from the operating
+system (psutil), not from the service."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+
+from qwenspark.schemas import SENTIMENTS
+from tests.conftest import SAMPLE_REVIEWS
+
+pytestmark = pytest.mark.engine
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _engine_cores(proc: psutil.Process) -> list[psutil.Process]:
+    found = []
+    for child in proc.children(recursive=True):
+        try:
+            if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def test_two_service_processes_share_one_engine_and_both_answer(tmp_path: Path, tiny_model: Path) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({
+        "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 160, "max_model_len": 2048,
+                   "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+        "prompt": {"version": "v13"}, "serve": {"workers": 2, "max_queue": 64},
+    }))
+    port = _port()
+    server = subprocess.Popen([sys.executable, "-m", "qwenspark.cli", "serve", "--config", str(config), "--port",
+                               str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    supervisor = psutil.Process(server.pid)
+    everyone: list[psutil.Process] = []
+    try:
+        deadline = time.time() + 300
+        workers: list[psutil.Process] = []
+        while time.time() < deadline:
+            assert server.poll() is None, "the service exited"
+            workers = [p for p in supervisor.children() if "spawn_main" in " ".join(p.cmdline())
+                       and "VLLM" not in p.name()]  # multiprocessing's spawned service processes
+            try:
+                ok = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if ok and len(workers) == 2:
+                break
+            time.sleep(1)
+        assert len(workers) == 2, supervisor.children(recursive=True)
+        cores = _engine_cores(supervisor)
+        assert len(cores) == 1 and cores[0].ppid() == supervisor.pid, cores  # one engine, in the supervisor
+        assert all(not _engine_cores(w) for w in workers)
+        everyone = [supervisor, *supervisor.children(recursive=True)]
+        before = {w.pid: sum(w.cpu_times()[:2]) for w in workers}
+
+        def post(i: int) -> httpx.Response:
+            text, lang = SAMPLE_REVIEWS[i % len(SAMPLE_REVIEWS)]
+            with httpx.Client(timeout=120) as fresh:  # a new connection each: the kernel spreads them
+                return fresh.post(f"http://127.0.0.1:{port}/v1/analyze",
+                                  json={"text": text, "lang": lang, "review_id": i})
+
+        with ThreadPoolExecutor(8) as pool:
+            responses = list(pool.map(post, range(24)))
+        for i, response in enumerate(responses):
+            assert response.status_code == 200, response.text
+            [result] = response.json()["results"]
+            assert result["review_id"] == i and result["error"] is None, result
+            assert result["sentiment"] in SENTIMENTS and result["tokens_out"] > 0
+        spent = {w.pid: sum(w.cpu_times()[:2]) - before[w.pid] for w in workers}
+        assert all(s > 0.05 for s in spent.values()), spent  # each service process did work
+    finally:
+        server.send_signal(signal.SIGTERM)
+        rc = server.wait(timeout=120)
+    assert rc == 0
+    time.sleep(1)
+    alive = [p.pid for p in everyone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"left running: {alive}"
