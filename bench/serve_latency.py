@@ -267,11 +267,16 @@ def main() -> int:
     p.add_argument("--unguided-valid", type=float,
                    help="with --lengths-from and an optimistic version: the share of first attempts (no grammar) that "
                         "fit, as a trained model's would (bench/device/serve_planned.py)")
+    p.add_argument("--instant", action="store_true",
+                   help="with --lengths-from: the engine answers each request at once with a valid canned answer "
+                        "(the service's own capacity, every part of it but the model; bench/device/serve_planned.py)")
     args = p.parse_args()
     port = free_port()
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     if args.unguided_valid is not None:
         env["QWENSPARK_BENCH_UNGUIDED_VALID"] = str(args.unguided_valid)
+    if args.instant:
+        env["QWENSPARK_BENCH_INSTANT"] = "1"
     serve = [sys.executable, "-m", "qwenspark.cli"]
     if args.shape:
         sys.path.insert(0, str(ROOT))

@@ -13,11 +13,16 @@ the engine really spent on it.
 
 QWENSPARK_BENCH_GC_FREEZE=0 leaves the service's heap unfrozen (the collector's pauses, compared in one sitting).
 
+QWENSPARK_BENCH_INSTANT=1 has the engine answer every request at once with a valid canned answer, its label token by
+token first as vLLM would report it (AsyncVllm.steps, so also behind serve.workers' shared engine): what remains is
+the service's own work per request, every part of it but the model (its capacity, on any machine).
+
     [QWENSPARK_BENCH_UNGUIDED_VALID=0.95] python3 bench/device/serve_planned.py EVAL.json serve --config F [--set ...]
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import itertools
@@ -73,6 +78,17 @@ def unguided_valid(engine: serve_engine.ServeEngine, share: float, answer_format
     engine.stream = played  # type: ignore[method-assign]
 
 
+async def instant_steps(engine: serve_engine.AsyncVllm, ids: list[int], lang: str | None, retry: Any = None,
+                        pin: str | None = None) -> AsyncIterator[serve_engine.Step]:
+    """AsyncVllm.steps without the model: ValidShare's canned answer for the language, its first tokens one by one."""
+    fmt = engine._cfg.answer_format if engine._cfg is not None else "json"
+    answer = engine.prompts.encode(ValidShare.ANSWER[fmt].get(lang or "en", ValidShare.ANSWER[fmt]["en"]))
+    for n in range(1, min(len(answer), serve_engine.EARLY_TOKENS) + 1):
+        await asyncio.sleep(0)  # one report per engine step, the event loop free between them
+        yield serve_engine.Step(answer[:n])
+    yield serve_engine.Step(answer, finish_reason="stop", tokens_in=len(ids), finished=True)
+
+
 def install(lengths_from: str) -> None:
     """Patch AsyncVllm.start in this process: planned lengths, and QWENSPARK_BENCH_UNGUIDED_VALID's first attempts."""
     table = json.loads(Path(lengths_from).read_text())["tokens_out_percentiles"]
@@ -88,6 +104,8 @@ def install(lengths_from: str) -> None:
         return engine
 
     serve_engine.AsyncVllm.start = classmethod(planned_start)  # type: ignore[assignment,method-assign]
+    if os.environ.get("QWENSPARK_BENCH_INSTANT") == "1":
+        serve_engine.AsyncVllm.steps = instant_steps  # type: ignore[method-assign,assignment]
     if share is not None:  # serve.workers sharing one engine: the first attempts are played in each service process
         from qwenspark.serve import app
         from qwenspark.serve.shared import SharedVllm
