@@ -366,6 +366,8 @@ def create_app(service: Service, *, on_close: Callable[[], Awaitable[None]] | No
         return JSONResponse({"results": results})
 
     async def healthz(request: Request) -> Response:
+        if not service.engine.alive():  # a load balancer stops sending here; the process is stopping (serve_one)
+            return JSONResponse({"status": "engine down", "model": service.engine.model_name}, status_code=503)
         return JSONResponse({"status": "ok", "model": service.engine.model_name,
                              "prompt_version": service.cfg.prompt.version, "in_flight": service.admitted,
                              "worker": service.worker})
@@ -462,7 +464,7 @@ def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket
 
     engine_cfg = serve_engine_config(cfg)
     running: list[uvicorn.Server] = []
-    lost: list[bool] = []  # the shared engine went away: this process stops serving and fails (the supervisor sees)
+    lost: list[bool] = []  # the engine (or the shared engine's host) is gone: stop serving and fail
 
     def on_lost() -> None:
         lost.append(True)
@@ -500,13 +502,23 @@ def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket
                  f" (worker {worker})" if sock is not None else "")
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         running.append(server)
+        watching = asyncio.create_task(watch(started))
         serving = asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))
         while not server.started and not serving.done():
             await asyncio.sleep(0.05)
         if server.started and ready is not None:
             ready()
         await serving
+        watching.cancel()
+
+    async def watch(engine: ServeEngine) -> None:
+        # An engine whose process died answers nothing again: stop and exit non-zero, for the operator's restart,
+        # rather than serve 503s from a process that looks up.
+        while engine.alive():
+            await asyncio.sleep(1.0)
+        log.error("serve: the engine died; stopping")
+        on_lost()
 
     asyncio.run(main())
     if lost:
-        raise EngineError("serve: the shared engine went away")
+        raise EngineError("serve: the engine is gone (see the log above)")

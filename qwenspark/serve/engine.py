@@ -82,6 +82,10 @@ class ServeEngine(Protocol):
         the engine."""
         ...
 
+    def alive(self) -> bool:
+        """False once the engine can answer nothing more (its process died): the service then stops, red."""
+        ...
+
     async def close(self) -> None:
         """Release the model."""
         ...
@@ -230,6 +234,9 @@ class AsyncVllm:
             log.exception("serve: the engine failed")
             raise EngineError(f"vllm: {type(exc).__name__}: {exc}") from exc
 
+    def alive(self) -> bool:
+        return self._llm is not None and not self._llm.errored
+
     async def close(self) -> None:
         from qwenspark.engines.vllm_feeds import shut_down
 
@@ -264,6 +271,9 @@ class Threaded:
         # pin is never needed here: the label is sent with the whole answer, after any retry.
         done = await asyncio.to_thread(self._generate, conversation, lang, retry)
         yield Partial(done.text, done.label_logprobs, done)
+
+    def alive(self) -> bool:
+        return True  # these engines fail request by request (503), and recover on their own (a remote server)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._engine.close)

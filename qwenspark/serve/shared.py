@@ -189,6 +189,9 @@ class SharedVllm:
             if not finished and self._lost is None:  # cancelled here (a client gone, a deadline): drop it there
                 self._writer.write(_frame({"abort": rid}))
 
+    def alive(self) -> bool:
+        return self._lost is None
+
     async def close(self) -> None:
         self._dispatch.cancel()
         self._writer.close()

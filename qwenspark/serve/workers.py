@@ -13,6 +13,7 @@ import signal
 import socket
 import tempfile
 import threading
+from contextlib import suppress
 from multiprocessing.connection import wait
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -89,7 +90,11 @@ class EngineHost:
             gc.freeze()
             log.info("serve: one engine for all workers (%s), on %s", engine.model_name, self.path)
             self._loaded.set()
-            await self._stopping.wait()
+            while not self._stopping.is_set():
+                if not engine.alive():  # its engine core died: the workers are stopped, the service ends red
+                    raise EngineError("serve: the shared engine died")
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 1.0)
             log.info("serve: the shared engine handed %d requests to vLLM", host.served)
             await host.stop()
         finally:

@@ -1,6 +1,6 @@
-"""`qwenspark serve` with serve.workers: 2 and engine.kind vllm, the tiny random Qwen3 through real vLLM: one engine
-core for both service processes, each of them answering. The processes and their CPU time are read from the operating
-system (psutil), not from the service."""
+"""`qwenspark serve` with engine.kind vllm, the tiny random Qwen3 through real vLLM: with serve.workers 2 one engine
+core for both service processes, each of them answering; with 1 or 2, an engine core that dies ends the service red.
+The processes and their CPU time are read from the operating system (psutil), not from the service."""
 
 from __future__ import annotations
 
@@ -42,16 +42,63 @@ def _engine_cores(proc: psutil.Process) -> list[psutil.Process]:
     return found
 
 
-def test_two_service_processes_share_one_engine_and_both_answer(tmp_path: Path, tiny_model: Path) -> None:
+def _serve(tmp_path: Path, tiny_model: Path, workers: int) -> tuple[subprocess.Popen[bytes], int]:
     config = tmp_path / "serve.yaml"
     config.write_text(yaml.safe_dump({
         "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 160, "max_model_len": 2048,
                    "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
-        "prompt": {"version": "v13"}, "serve": {"workers": 2, "max_queue": 64},
+        "prompt": {"version": "v13"}, "serve": {"workers": workers, "max_queue": 64},
     }))
     port = _port()
     server = subprocess.Popen([sys.executable, "-m", "qwenspark.cli", "serve", "--config", str(config), "--port",
                                str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return server, port
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_engine_core_that_dies_ends_the_service_red(workers: int, tmp_path: Path, tiny_model: Path) -> None:
+    server, port = _serve(tmp_path, tiny_model, workers)
+    try:
+        deadline = time.time() + 300
+        while not _healthy(port) and time.time() < deadline:
+            assert server.poll() is None, "the service exited"
+            time.sleep(1)
+        everyone = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+        [core] = _engine_cores(everyone[0])
+        core.kill()
+        rc = server.wait(timeout=90)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert rc != 0, "a dead engine must end the service red"
+    assert not _left(everyone, 30), "processes left running"
+
+
+def _left(processes: list[psutil.Process], wait_s: float) -> list[str]:
+    """What is still running of processes after up to wait_s (vLLM's own workers notice their parent's death)."""
+    deadline = time.time() + wait_s
+    while True:
+        alive = []
+        for p in processes:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{p.pid} {p.name()} {' '.join(p.cmdline())[:80]}")
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+def test_two_service_processes_share_one_engine_and_both_answer(tmp_path: Path, tiny_model: Path) -> None:
+    server, port = _serve(tmp_path, tiny_model, 2)
     supervisor = psutil.Process(server.pid)
     everyone: list[psutil.Process] = []
     try:
@@ -61,11 +108,7 @@ def test_two_service_processes_share_one_engine_and_both_answer(tmp_path: Path, 
             assert server.poll() is None, "the service exited"
             workers = [p for p in supervisor.children() if "spawn_main" in " ".join(p.cmdline())
                        and "VLLM" not in p.name()]  # multiprocessing's spawned service processes
-            try:
-                ok = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if ok and len(workers) == 2:
+            if _healthy(port) and len(workers) == 2:
                 break
             time.sleep(1)
         assert len(workers) == 2, supervisor.children(recursive=True)
@@ -94,6 +137,4 @@ def test_two_service_processes_share_one_engine_and_both_answer(tmp_path: Path, 
         server.send_signal(signal.SIGTERM)
         rc = server.wait(timeout=120)
     assert rc == 0
-    time.sleep(1)
-    alive = [p.pid for p in everyone if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"left running: {alive}"
+    assert not _left(everyone, 30), "processes left running"

@@ -54,6 +54,9 @@ class Scripted(CharTokens):
                            separators=(",", ":"), ensure_ascii=False)
         yield Partial(final, None, Completion(final, "stop", 100, 20))
 
+    def alive(self) -> bool:
+        return not self.down
+
     async def close(self) -> None:
         pass
 
@@ -138,6 +141,9 @@ class Misfit(CharTokens):
         await asyncio.sleep(0)
         final = f'{label}\n"{summary}"\nroom:{label if label != "mixed" else "neutral"}'
         yield Partial(final, None, Completion(final, "stop", 100, 20))
+
+    def alive(self) -> bool:
+        return True
 
     async def close(self) -> None:
         pass
@@ -259,9 +265,11 @@ def test_a_request_past_its_deadline_gets_504_and_an_outage_503() -> None:
     async def go() -> list[httpx.Response]:
         async with _client(slow) as a, _client(down) as b:
             return [await a.post("/v1/analyze", json={"text": "ok"}), await b.post("/v1/analyze", json={"text": "ok"}),
-                    await b.post("/v1/analyze?stream=true", json={"text": "ok"})]
+                    await b.post("/v1/analyze?stream=true", json={"text": "ok"}), await b.get("/healthz"),
+                    await a.get("/healthz")]
 
-    timeout, outage, streamed = _run(go())
+    timeout, outage, streamed, down_health, up_health = _run(go())
+    assert (down_health.status_code, down_health.json()["status"], up_health.status_code) == (503, "engine down", 200)
     assert timeout.status_code == 504 and "serve.request_timeout_s" in timeout.json()["error"]
     assert outage.status_code == 503 and "engine core died" in outage.json()["error"]
     assert json.loads(streamed.text.splitlines()[-1]) == {"error": "engine unavailable: engine core died"}
