@@ -82,9 +82,11 @@ class EngineHost:
         from qwenspark.serve.shared import Host
 
         self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
-        engine = await AsyncVllm.start(self.cfg)
+        engine = await AsyncVllm.start(self.cfg)  # blocks this loop while it loads: a stop waits for the load
         host = Host(engine, self.path)
         try:
+            if self._stopping.is_set():  # stopped while loading
+                return
             await host.start()
             gc.collect()  # what is loaded lives as long as the process (serve_one says why)
             gc.freeze()
