@@ -42,12 +42,13 @@ def _engine_cores(proc: psutil.Process) -> list[psutil.Process]:
     return found
 
 
-def _serve(tmp_path: Path, tiny_model: Path, workers: int) -> tuple[subprocess.Popen[bytes], int]:
+def _serve(tmp_path: Path, tiny_model: Path, workers: int, version: str = "v13"
+           ) -> tuple[subprocess.Popen[bytes], int]:
     config = tmp_path / "serve.yaml"
     config.write_text(yaml.safe_dump({
         "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 160, "max_model_len": 2048,
                    "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
-        "prompt": {"version": "v13"}, "serve": {"workers": workers, "max_queue": 64},
+        "prompt": {"version": version}, "serve": {"workers": workers, "max_queue": 64},
     }))
     port = _port()
     server = subprocess.Popen([sys.executable, "-m", "qwenspark.cli", "serve", "--config", str(config), "--port",
@@ -97,8 +98,12 @@ def _left(processes: list[psutil.Process], wait_s: float) -> list[str]:
         time.sleep(0.5)
 
 
-def test_two_service_processes_share_one_engine_and_both_answer(tmp_path: Path, tiny_model: Path) -> None:
-    server, port = _serve(tmp_path, tiny_model, 2)
+# v13: optimistic first attempts, retries pinned to the label sent (the pin crosses the socket); v10: vLLM's text and
+# the label's log-probabilities with every step.
+@pytest.mark.parametrize("version", ["v13", "v10"])
+def test_two_service_processes_share_one_engine_and_both_answer(version: str, tmp_path: Path,
+                                                               tiny_model: Path) -> None:
+    server, port = _serve(tmp_path, tiny_model, 2, version)
     supervisor = psutil.Process(server.pid)
     everyone: list[psutil.Process] = []
     try:
@@ -131,6 +136,7 @@ def test_two_service_processes_share_one_engine_and_both_answer(tmp_path: Path, 
             [result] = response.json()["results"]
             assert result["review_id"] == i and result["error"] is None, result
             assert result["sentiment"] in SENTIMENTS and result["tokens_out"] > 0
+            assert result["prompt_version"] == version
         spent = {w.pid: sum(w.cpu_times()[:2]) - before[w.pid] for w in workers}
         assert all(s > 0.05 for s in spent.values()), spent  # each service process did work
     finally:
