@@ -11,7 +11,8 @@ canned valid answer for SHARE of the requests (seeded by arrival) or as that lab
 (a misfit: the service generates it again with the grammar, pinned to the label it sent), with the tokens and time
 the engine really spent on it.
 
-QWENSPARK_BENCH_GC_FREEZE=0 leaves the service's heap unfrozen (the collector's pauses, compared in one sitting).
+QWENSPARK_BENCH_GC_FREEZE=0 leaves the service's heap unfrozen (the collector's pauses, compared in one sitting);
+QWENSPARK_BENCH_UVLOOP=0 runs it on Python's own event loop instead of uvloop's.
 
 QWENSPARK_BENCH_INSTANT=1 has the engine answer every request at once with a valid canned answer, its label token by
 token first as vLLM would report it (AsyncVllm.steps, so also behind serve.workers' shared engine): what remains is
@@ -104,6 +105,10 @@ def install(lengths_from: str) -> None:
         return engine
 
     serve_engine.AsyncVllm.start = classmethod(planned_start)  # type: ignore[assignment,method-assign]
+    if os.environ.get("QWENSPARK_BENCH_UVLOOP") == "0":  # Python's own event loop (A/B)
+        from qwenspark.serve import app
+
+        app.loop_factory = lambda: None
     if os.environ.get("QWENSPARK_BENCH_INSTANT") == "1":
         serve_engine.AsyncVllm.steps = instant_steps  # type: ignore[method-assign,assignment]
     if share is not None:  # serve.workers sharing one engine: the first attempts are played in each service process

@@ -69,7 +69,10 @@ class EngineHost:
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._main())
+            from qwenspark.serve.app import loop_factory
+
+            with asyncio.Runner(loop_factory=loop_factory()) as runner:
+                runner.run(self._main())
         except BaseException as exc:  # reported by start(), or once serving by the supervisor (`gone`)
             self._error = exc
             log.exception("serve: the shared engine's host stopped")
