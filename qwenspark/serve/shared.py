@@ -90,6 +90,8 @@ class Host:
                     asked.cancel()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the service process closed its end (stopping, or gone): its requests are dropped below
+        except Exception:  # a frame the host cannot read: that client's connection is closed, the others go on
+            log.exception("serve: the shared engine's host dropped a client")
         finally:
             for task in list(tasks.values()):
                 task.cancel()
@@ -151,8 +153,10 @@ class SharedVllm:
                 queue = self._pending.get(int(message["id"]))
                 if queue is not None:  # else: a request given up here whose report was already on its way
                     queue.put_nowait(message)
-        except (asyncio.IncompleteReadError, ConnectionError, EngineError) as exc:
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
             self._lost = f"serve: the shared engine's host went away ({type(exc).__name__})"
+        except Exception as exc:  # a frame this side cannot read: the connection cannot be trusted past it
+            self._lost = f"serve: the shared engine's host went away (unreadable: {type(exc).__name__}: {exc})"
         except asyncio.CancelledError:
             self._lost = "serve: closed"
             raise
@@ -177,9 +181,10 @@ class SharedVllm:
                                        "retry": retry, "pin": pin}))
             while not finished:
                 message = await queue.get()
-                if "refused" in message:
-                    raise RequestError(message["refused"])
-                if "failed" in message:
+                if "refused" in message or "failed" in message:
+                    finished = True  # ended there: nothing to abort
+                    if "refused" in message:
+                        raise RequestError(message["refused"])
                     raise EngineError(message["failed"])
                 step = Step(**message["step"])
                 finished = step.finished

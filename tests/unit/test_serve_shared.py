@@ -151,3 +151,20 @@ def test_a_host_that_goes_away_fails_what_waits_and_reports_the_loss(tmp_path: P
         await client.close()
 
     asyncio.run(go())
+
+
+def test_a_client_sending_garbage_is_dropped_and_the_others_go_on(tmp_path: Path) -> None:
+    async def go() -> None:
+        engine = FakeEngine()
+        host, client = await _pair(tmp_path, engine)
+        for garbage in (shared._LENGTH.pack(1 << 31), shared._LENGTH.pack(5) + b"{nope"):
+            reader, writer = await asyncio.open_unix_connection(str(host.path))
+            await shared._read(reader)  # the hello
+            writer.write(garbage)
+            assert await reader.read() == b""  # closed by the host
+            writer.close()
+        assert (await _answer(client, "still serving"))[-1].done is not None
+        await client.close()
+        await host.stop()
+
+    asyncio.run(go())
