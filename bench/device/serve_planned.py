@@ -39,7 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.workload_100k import ValidShare, draw_lengths
 from qwenspark import cli
+from qwenspark.serve import app
 from qwenspark.serve import engine as serve_engine
+from qwenspark.serve.shared import SharedVllm
 
 
 class PlannedParams(dict[Any, Any]):
@@ -106,14 +108,10 @@ def install(lengths_from: str) -> None:
 
     serve_engine.AsyncVllm.start = classmethod(planned_start)  # type: ignore[assignment,method-assign]
     if os.environ.get("QWENSPARK_BENCH_UVLOOP") == "0":  # Python's own event loop (A/B)
-        from qwenspark.serve import app
-
         app.loop_factory = lambda: None
     if os.environ.get("QWENSPARK_BENCH_INSTANT") == "1":
         serve_engine.AsyncVllm.steps = instant_steps  # type: ignore[method-assign,assignment]
     if share is not None:  # serve.workers sharing one engine: the first attempts are played in each service process
-        from qwenspark.serve import app
-        from qwenspark.serve.shared import SharedVllm
 
         init = app.Service.__init__
 

@@ -9,7 +9,6 @@ is required off loopback (the service refuses to start without one there).
 from __future__ import annotations
 
 import asyncio
-import gc
 import hashlib
 import hmac
 import json
@@ -40,7 +39,7 @@ from qwenspark.errors import ConfigError, EngineError, RequestError
 from qwenspark.models.identity import model_identity
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS
 from qwenspark.serve.engine import ServeEngine
-from qwenspark.serve.pauses import Pauses
+from qwenspark.serve.pauses import Pauses, freeze_heap
 
 log = logging.getLogger("qwenspark.serve")
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -502,13 +501,7 @@ def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket
             await started.close()
 
         app = create_app(service, on_close=close)
-        # What is loaded by now (torch, vLLM, the tokenizer: millions of objects) lives as long as the process: frozen
-        # out of the collector's reach, as vLLM's own server and workers do. Unfrozen, each full collection walked it
-        # for 0.4-0.5 s with every request in flight waiting (H200, 7B shape, 100 requests/s: 2 in 16 s,
-        # qwenspark_serve_gc_pause_seconds; bench/results/serve_latency_h200_stop31.json).
-        gc.collect()
-        gc.freeze()
-        log.info("serve: %d objects frozen out of the garbage collector's reach", gc.get_freeze_count())
+        freeze_heap()
         log.info("serving %s (prompt %s) on http://%s:%d%s", started.model_name, cfg.prompt.version, host, port,
                  f" (worker {worker})" if sock is not None else "")
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))

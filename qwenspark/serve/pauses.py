@@ -2,8 +2,8 @@
 
 Every request in flight waits on the one event loop, so a stall of it (a long collection of the millions of objects
 torch and vLLM leave, a slow handler) lands on every latency at once: these figures tell such a tail from the
-engine's own queueing. The heap loaded at start is frozen out of the collector's reach (serve.app.serve_one); how much
-of it shows as qwenspark_serve_gc_frozen_objects.
+engine's own queueing. The heap loaded at start is frozen out of the collector's reach (freeze_heap); how much of it
+shows as qwenspark_serve_gc_frozen_objects.
 """
 
 from __future__ import annotations
@@ -11,13 +11,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 
+log = logging.getLogger("qwenspark.serve")
+
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 TICK_S = 0.01  # how often the loop is looked at: 100 wake-ups a second, a few microseconds each
+
+
+def freeze_heap() -> None:
+    """Freeze what is loaded by now out of the collector's reach: torch, vLLM and the tokenizer (millions of objects)
+    live as long as the process, as vLLM's own server and workers treat them. Unfrozen, each full collection walked
+    them for 0.4-0.5 s with every request in flight waiting (H200, 7B shape, 100 requests/s: 2 in 16 s,
+    qwenspark_serve_gc_pause_seconds; bench/results/serve_latency_h200_stop31.json)."""
+    gc.collect()
+    gc.freeze()
+    log.info("serve: %d objects frozen out of the garbage collector's reach", gc.get_freeze_count())
 
 
 class Pauses:

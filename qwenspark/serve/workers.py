@@ -5,7 +5,6 @@ loaded in each process, one process at a time."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import multiprocessing
 import shutil
@@ -82,6 +81,7 @@ class EngineHost:
 
     async def _main(self) -> None:
         from qwenspark.serve.engine import AsyncVllm
+        from qwenspark.serve.pauses import freeze_heap
         from qwenspark.serve.shared import Host
 
         self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
@@ -91,8 +91,7 @@ class EngineHost:
             if self._stopping.is_set():  # stopped while loading
                 return
             await host.start()
-            gc.collect()  # what is loaded lives as long as the process (serve_one says why)
-            gc.freeze()
+            freeze_heap()
             log.info("serve: one engine for all workers (%s), on %s", engine.model_name, self.path)
             self._loaded.set()
             while not self._stopping.is_set():
@@ -137,9 +136,10 @@ def supervise(cfg: QwenSparkConfig, host: str, port: int) -> None:
                                            "engine_path": engine_path})
             proc.start()
             workers.append(proc)
-            starting.append((index, proc, ready))
             if shared is None:  # each loads an engine: one at a time
                 _wait_ready(index, proc, ready)
+            else:  # the engine is loaded: all start at once
+                starting.append((index, proc, ready))
         for index, proc, ready in starting:
             _wait_ready(index, proc, ready)
         log.info("%d workers serving on http://%s:%d", len(workers), host, port)

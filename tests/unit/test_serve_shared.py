@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -64,8 +65,10 @@ class FakeEngine:
             raise
 
 
+@asynccontextmanager
 async def _pair(tmp_path: Path, engine: FakeEngine,
-                lost: list[bool] | None = None) -> tuple[Host, SharedVllm]:
+                lost: list[bool] | None = None) -> AsyncIterator[tuple[Host, SharedVllm]]:
+    """A host serving engine and one client connected to it, both closed at the end."""
     host = Host(engine, tmp_path / "engine.sock")  # type: ignore[arg-type]
     await host.start()
     reader, writer = await asyncio.open_unix_connection(str(host.path))
@@ -73,7 +76,11 @@ async def _pair(tmp_path: Path, engine: FakeEngine,
     assert hello == {"model": "test", "tokenizer": "unused"}
     client = SharedVllm(CharPrompts(), hello["model"], reader, writer,  # type: ignore[arg-type]
                         (lambda: lost.append(True)) if lost is not None else None)
-    return host, client
+    try:
+        yield host, client
+    finally:
+        await client.close()
+        await host.stop()
 
 
 def _conversation(text: str) -> list[Message]:
@@ -87,17 +94,15 @@ async def _answer(client: SharedVllm, text: str) -> list[Partial]:
 def test_concurrent_requests_each_get_their_own_answer_label_first(tmp_path: Path) -> None:
     async def go() -> None:
         engine = FakeEngine()
-        host, client = await _pair(tmp_path, engine)
-        texts = [f"review number {i}" for i in range(30)]
-        answers = await asyncio.gather(*(_answer(client, text) for text in texts))
-        for text, parts in zip(texts, answers, strict=True):
-            assert parts[-1].done is not None and parts[-1].done.text == "positive\n" + text[::-1]
-            assert parts[-1].done.tokens_in == len(text)
-            assert [p.done for p in parts[:-1]] == [None] * (len(parts) - 1)
-            assert any(p.text == "positive\n" for p in parts[:-1])  # the label line before the rest
-        assert sorted(engine.finished) == sorted(texts) and host.served == 30
-        await client.close()
-        await host.stop()
+        async with _pair(tmp_path, engine) as (host, client):
+            texts = [f"review number {i}" for i in range(30)]
+            answers = await asyncio.gather(*(_answer(client, text) for text in texts))
+            for text, parts in zip(texts, answers, strict=True):
+                assert parts[-1].done is not None and parts[-1].done.text == "positive\n" + text[::-1]
+                assert parts[-1].done.tokens_in == len(text)
+                assert [p.done for p in parts[:-1]] == [None] * (len(parts) - 1)
+                assert any(p.text == "positive\n" for p in parts[:-1])  # the label line before the rest
+            assert sorted(engine.finished) == sorted(texts) and host.served == 30
 
     asyncio.run(go())
 
@@ -105,18 +110,16 @@ def test_concurrent_requests_each_get_their_own_answer_label_first(tmp_path: Pat
 def test_a_request_given_up_by_its_service_process_is_dropped_by_the_engine(tmp_path: Path) -> None:
     async def go() -> None:
         engine = FakeEngine()
-        host, client = await _pair(tmp_path, engine)
-        slow = "x" * 400  # 2 s of answer at 5 ms a token
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(_answer(client, slow), 0.2)
-        for _ in range(100):
-            if engine.cancelled:
-                break
-            await asyncio.sleep(0.01)
-        assert engine.cancelled == [slow] and engine.finished == []
-        assert (await _answer(client, "still serving"))[-1].done is not None
-        await client.close()
-        await host.stop()
+        async with _pair(tmp_path, engine) as (_host, client):
+            slow = "x" * 400  # 2 s of answer at 5 ms a token
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(_answer(client, slow), 0.2)
+            for _ in range(100):
+                if engine.cancelled:
+                    break
+                await asyncio.sleep(0.01)
+            assert engine.cancelled == [slow] and engine.finished == []
+            assert (await _answer(client, "still serving"))[-1].done is not None
 
     asyncio.run(go())
 
@@ -124,14 +127,12 @@ def test_a_request_given_up_by_its_service_process_is_dropped_by_the_engine(tmp_
 def test_refusals_and_failures_reach_the_caller_as_the_services_errors(tmp_path: Path) -> None:
     async def go() -> None:
         engine = FakeEngine()
-        host, client = await _pair(tmp_path, engine)
-        with pytest.raises(RequestError, match="longer than the context"):
-            await _answer(client, "REFUSE")
-        with pytest.raises(EngineError, match="EngineDeadError"):
-            await _answer(client, "FAIL")
-        assert (await _answer(client, "fine"))[-1].done is not None
-        await client.close()
-        await host.stop()
+        async with _pair(tmp_path, engine) as (_host, client):
+            with pytest.raises(RequestError, match="longer than the context"):
+                await _answer(client, "REFUSE")
+            with pytest.raises(EngineError, match="EngineDeadError"):
+                await _answer(client, "FAIL")
+            assert (await _answer(client, "fine"))[-1].done is not None
 
     asyncio.run(go())
 
@@ -139,16 +140,15 @@ def test_refusals_and_failures_reach_the_caller_as_the_services_errors(tmp_path:
 def test_a_host_that_goes_away_fails_what_waits_and_reports_the_loss(tmp_path: Path) -> None:
     async def go() -> None:
         engine, lost = FakeEngine(), []
-        host, client = await _pair(tmp_path, engine, lost)
-        waiting = asyncio.create_task(_answer(client, "y" * 400))
-        await asyncio.sleep(0.1)
-        await host.stop()  # the server and its connections closed: the host process is gone as far as a client sees
-        with pytest.raises(EngineError, match="went away"):
-            await waiting
-        assert lost == [True]
-        with pytest.raises(EngineError, match="went away"):
-            await _answer(client, "after")
-        await client.close()
+        async with _pair(tmp_path, engine, lost) as (host, client):
+            waiting = asyncio.create_task(_answer(client, "y" * 400))
+            await asyncio.sleep(0.1)
+            await host.stop()  # the server and its connections closed: for a client, the host is gone
+            with pytest.raises(EngineError, match="went away"):
+                await waiting
+            assert lost == [True]
+            with pytest.raises(EngineError, match="went away"):
+                await _answer(client, "after")
 
     asyncio.run(go())
 
@@ -156,15 +156,13 @@ def test_a_host_that_goes_away_fails_what_waits_and_reports_the_loss(tmp_path: P
 def test_a_client_sending_garbage_is_dropped_and_the_others_go_on(tmp_path: Path) -> None:
     async def go() -> None:
         engine = FakeEngine()
-        host, client = await _pair(tmp_path, engine)
-        for garbage in (shared._LENGTH.pack(1 << 31), shared._LENGTH.pack(5) + b"{nope"):
-            reader, writer = await asyncio.open_unix_connection(str(host.path))
-            await shared._read(reader)  # the hello
-            writer.write(garbage)
-            assert await reader.read() == b""  # closed by the host
-            writer.close()
-        assert (await _answer(client, "still serving"))[-1].done is not None
-        await client.close()
-        await host.stop()
+        async with _pair(tmp_path, engine) as (host, client):
+            for garbage in (shared._LENGTH.pack(1 << 31), shared._LENGTH.pack(5) + b"{nope"):
+                reader, writer = await asyncio.open_unix_connection(str(host.path))
+                await shared._read(reader)  # the hello
+                writer.write(garbage)
+                assert await reader.read() == b""  # closed by the host
+                writer.close()
+            assert (await _answer(client, "still serving"))[-1].done is not None
 
     asyncio.run(go())
