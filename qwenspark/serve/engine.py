@@ -8,6 +8,7 @@ import inspect
 import itertools
 import logging
 import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ EARLY_TOKENS = 16
 #   tokens per step were worse (stop 29: label P99 2.6 s against 411 ms at 50/s): a large step delays every answer.
 SERVE_GPU_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
 GRAPH_TOKENS_MAX = 2048  # graphs captured for steps of up to this many tokens: each size is a capture at start
+
+# Tokens of each warm-up answer (AsyncVllm.warm): enough for the grammar's mask to be applied on the GPU.
+WARM_TOKENS = 2
 
 
 def gpu_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -169,7 +173,35 @@ class AsyncVllm:
         tokenizer = llm.get_tokenizer()
         if inspect.isawaitable(tokenizer):  # older releases: a coroutine
             tokenizer = await tokenizer
-        return cls(llm, tokenizer, sampling_params(cfg), cfg.model, cfg)
+        engine = cls(llm, tokenizer, sampling_params(cfg), cfg.model, cfg)
+        started = time.perf_counter()
+        count = await engine.warm()
+        log.info("serve: engine warmed with %d answer settings in %.1f s", count, time.perf_counter() - started)
+        return engine
+
+    async def warm(self) -> int:
+        """Run one short answer under each sampling setting the service uses (every attempt, each pinned label), all
+        at once, before the service takes a request; return how many. vLLM builds its grammar backend (the
+        vocabulary's tables), compiles the first grammar and compiles the GPU's mask kernel at the first guided
+        request, inside the engine core's step loop: on the H200 every answer in flight waited about a second at
+        the first retry of a load (bench/results/serve_latency_h200_stop33.json)."""
+        from vllm.inputs import TokensPrompt
+
+        from qwenspark.schemas import SENTIMENTS
+
+        settings = list(self._params.values())
+        settings += [self._settings(lang, retry, label) for (lang, retry), params in self._params.items()
+                     if params.structured_outputs is not None for label in SENTIMENTS]
+        ids = self.prompts.encode("warm-up")
+
+        async def answer(params: Any) -> None:
+            short = params.clone()
+            short.max_tokens = WARM_TOKENS
+            async for _ in self._llm.generate(TokensPrompt(prompt_token_ids=ids), short, f"warm-{next(self._ids)}"):
+                pass
+
+        await asyncio.gather(*(answer(params) for params in settings))
+        return len(settings)
 
     def encode(self, text: str) -> list[int]:
         return self.prompts.encode(text)

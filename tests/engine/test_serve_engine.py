@@ -129,3 +129,40 @@ def test_the_gpu_defaults_sit_under_the_users_settings_and_vllm_reads_them() -> 
     assert mine["max_num_seqs"] == 64
     assert mine["compilation_config"] == {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 1024}
     assert "compilation_config" not in gpu_kwargs({"enforce_eager": True})
+
+
+# vLLM builds its grammar backend and compiles the GPU's mask kernel at the first guided request, in the step loop
+# every running answer waits on; the service runs each of its answer settings once, short and all at once, first.
+def test_the_engine_is_warmed_under_every_answer_setting_at_once(tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from qwenspark.engines.vllm import sampling_params
+    from qwenspark.parse import answer_grammars
+    from qwenspark.serve.engine import WARM_TOKENS
+
+    engine_cfg = serve_engine_config(validate_config({
+        "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 200}, "prompt": {"version": "v13"},
+        "serve": {"optimistic": True}}))
+    params = sampling_params(engine_cfg)
+    seen: list[Any] = []
+    in_flight = {"now": 0, "most": 0}
+
+    class Llm:
+        async def generate(self, prompt: Any, settings: Any, request_id: str) -> Any:
+            seen.append(settings)
+            in_flight["now"] += 1
+            in_flight["most"] = max(in_flight["most"], in_flight["now"])
+            await asyncio.sleep(0.01)
+            in_flight["now"] -= 1
+            yield prompt
+
+    engine = AsyncVllm(Llm(), AutoTokenizer.from_pretrained(tiny_model), params, "m", engine_cfg)
+    count = asyncio.run(engine.warm())
+    assert count == len(seen) == in_flight["most"] and count > len(params)
+    assert {s.max_tokens for s in seen} == {WARM_TOKENS} and {p.max_tokens for p in params.values()} == {200}
+    grammars = [s.structured_outputs for s in seen]
+    assert None in grammars, "the unguided first attempt"
+    for label in SENTIMENTS:  # each retry pinned to a label the service may have sent
+        assert StructuredOutputsParams(**answer_grammars(engine_cfg, label)[None]) in grammars, label
+    assert StructuredOutputsParams(**answer_grammars(engine_cfg)[None]) in grammars
