@@ -674,10 +674,11 @@ class ServeConfig(_Section):
                         "batch and stream then skip that review), committed as the batch commits (job_runs, "
                         "aggregates); needs review_id, hotel_id and created_at as in hotel_reviews.")
     store_flush_s: float = Field(1.0, gt=0, le=60, description="How often stored answers are committed.")
-    workers: int = Field(1, ge=1, le=64, description="Service processes on the one port; the kernel spreads "
+    workers: int = Field(0, ge=0, le=64, description="Service processes on the one port; the kernel spreads "
                          "connections over them. With engine.kind vllm they share one engine, loaded once by "
                          "`qwenspark serve` (qwenspark.serve.shared); other kinds are loaded in each. /healthz and "
-                         "/metrics describe the worker that answers.")
+                         "/metrics describe the worker that answers. 0: 3 with engine.kind vllm on a CUDA GPU and at "
+                         "least 8 cores (measured on an H200: README, stop 33), else 1.")
     optimistic: bool = Field(True, description="With an optimistic prompt version (v11, v13): write each answer "
                              "without the grammar first, as the batch does, and generate the few that misfit again "
                              "with it, pinned to the label already sent. Off: every answer guided from its first "

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -102,3 +103,28 @@ def test_two_workers_share_the_port_each_engine_answers_and_all_stop_together(tm
     assert rc == 0
     alive = [pid for pid in loads if Path(f"/proc/{pid}").exists()]
     assert not alive, f"workers left running: {alive}"
+
+
+def test_workers_default_to_three_for_vllm_on_a_gpu_and_one_elsewhere(monkeypatch: Any) -> None:
+    from qwenspark.config import validate_config
+    from qwenspark.engines import vllm
+    from qwenspark.serve.app import GPU_WORKERS, worker_count
+
+    gpu = {"seen": True}
+    monkeypatch.setattr(vllm, "on_gpu", lambda: gpu["seen"])
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+
+    def count(kind: str, workers: int | None = None) -> int:
+        serve = {} if workers is None else {"workers": workers}
+        engine = {"kind": kind, "model": "m", "base_url": "http://127.0.0.1:8000/v1"} if kind == "openai" else {
+            "kind": kind, "model": "m"}
+        return worker_count(validate_config({"engine": engine, "serve": serve}))
+
+    assert GPU_WORKERS == 3 and count("vllm") == 3
+    assert count("vllm", 2) == 2 and count("vllm", 1) == 1  # what the user sets wins
+    assert count("openai") == 1  # each worker would load its own engine
+    gpu["seen"] = False
+    assert count("vllm") == 1 and count("vllm", 4) == 4
+    gpu["seen"] = True
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert count("vllm") == 1  # the engine core needs the cores
