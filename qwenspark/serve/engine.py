@@ -180,18 +180,17 @@ class AsyncVllm:
         return engine
 
     async def warm(self) -> int:
-        """Run one short answer under each sampling setting the service uses (every attempt, each pinned label), all
-        at once, before the service takes a request; return how many. vLLM builds its grammar backend (the
+        """Run one short answer under each of the service's sampling settings (every attempt, every language), all at
+        once, before the service takes a request; return how many. vLLM builds its grammar backend (the
         vocabulary's tables), compiles the first grammar and compiles the GPU's mask kernel at the first guided
         request, inside the engine core's step loop: on the H200 every answer in flight waited about a second at
-        the first retry of a load (bench/results/serve_latency_h200_stop33.json)."""
+        the first retry of a load (bench/results/serve_latency_h200_stop33.json). A retry pinned to a label compiles
+        its own grammar when first needed, in vLLM's compile threads, delaying that answer only (warming the four
+        pins of every setting too took 10.4 s instead of 4.9 s with v10 on this CPU; on the H200, loads without
+        the warm-up showed no stall after the first second, while pinned retries began throughout)."""
         from vllm.inputs import TokensPrompt
 
-        from qwenspark.schemas import SENTIMENTS
-
         settings = list(self._params.values())
-        settings += [self._settings(lang, retry, label) for (lang, retry), params in self._params.items()
-                     if params.structured_outputs is not None for label in SENTIMENTS]
         ids = self.prompts.encode("warm-up")
 
         async def answer(params: Any) -> None:
