@@ -678,7 +678,7 @@ class ServeConfig(_Section):
                          "connections over them. With engine.kind vllm they share one engine, loaded once by "
                          "`qwenspark serve` (qwenspark.serve.shared); other kinds are loaded in each. /healthz and "
                          "/metrics describe the worker that answers. 0: 3 with engine.kind vllm on a CUDA GPU and at "
-                         "least 8 cores (measured on an H200: README, stop 33), else 1.")
+                         "least 8 cores to run on (its CPU affinity; measured on an H200: README, stop 33), else 1.")
     optimistic: bool = Field(True, description="With an optimistic prompt version (v11, v13): write each answer "
                              "without the grammar first, as the batch does, and generate the few that misfit again "
                              "with it, pinned to the label already sent. Off: every answer guided from its first "

@@ -465,7 +465,8 @@ def worker_count(cfg: QwenSparkConfig) -> int:
     """serve.workers, or for 0 the default for where the service runs (GPU_WORKERS with vLLM on a GPU, else 1)."""
     if cfg.serve.workers:
         return cfg.serve.workers
-    if cfg.engine.kind != "vllm" or (os.cpu_count() or 1) < GPU_WORKERS_MIN_CORES:
+    # The cores this process may run on (taskset, a container's cpuset), not the host's: the engine core needs them.
+    if cfg.engine.kind != "vllm" or len(os.sched_getaffinity(0)) < GPU_WORKERS_MIN_CORES:
         return 1
     from qwenspark.engines.vllm import on_gpu
 

@@ -112,7 +112,7 @@ def test_workers_default_to_three_for_vllm_on_a_gpu_and_one_elsewhere(monkeypatc
 
     gpu = {"seen": True}
     monkeypatch.setattr(vllm, "on_gpu", lambda: gpu["seen"])
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
 
     def count(kind: str, workers: int | None = None) -> int:
         serve = {} if workers is None else {"workers": workers}
@@ -126,5 +126,5 @@ def test_workers_default_to_three_for_vllm_on_a_gpu_and_one_elsewhere(monkeypatc
     gpu["seen"] = False
     assert count("vllm") == 1 and count("vllm", 4) == 4
     gpu["seen"] = True
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert count("vllm") == 1  # the engine core needs the cores
