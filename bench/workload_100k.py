@@ -348,6 +348,9 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--gpu-memory", type=float, default=0.85,
                    help="vLLM's gpu_memory_utilization (less when a service shares the GPU)")
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   help="vLLM's token budget per step (default: vLLM's, 16,384 on an H200; less keeps the steps of "
+                        "a service beside the batch short)")
     p.add_argument("--unguided-valid", type=float, default=0.95,
                    help="optimistic strategies: share of first answers written without the grammar that fit it (1 - "
                         "repaired_rate of a real CPU eval of the strategy); the rest are retried with the grammar")
@@ -365,6 +368,8 @@ def main() -> int:
     engine_kwargs: dict[str, Any] = {"load_format": "dummy"} if args.shape else {}
     if args.quantization:
         engine_kwargs["quantization"] = args.quantization
+    if args.max_num_batched_tokens:
+        engine_kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
     reviews = sample_reviews(args.data, max(args.reviews, args.bare_reviews, 64), args.en_share)
     figures: dict[str, Any] = {"model": args.shape or model, "device": _device_name(),
                                "mean_review_chars": round(float(reviews["text"].str.len().mean()), 1),

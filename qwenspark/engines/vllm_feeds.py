@@ -4,9 +4,12 @@ this process), or AsyncLLM's generate streams on an event loop of their own (eng
 from __future__ import annotations
 
 import asyncio
+import importlib
+import json
 import queue
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from qwenspark.errors import EngineError, RequestError
@@ -58,6 +61,28 @@ def offline_usage() -> Any:
     return UsageContext.LLM_CLASS
 
 
+def inspect_here(model: str) -> None:
+    """Register the model's architectures with vLLM as classes imported in this process, when its core runs here.
+
+    vLLM inspects a model class it has not seen (its interfaces: pooling, multimodal...) in a fresh Python subprocess,
+    so that the parent never initialises CUDA, and caches the result under VLLM_CACHE_ROOT/modelinfos: 8.7 s of a
+    first engine load on this 2-core CPU (the subprocess imports torch and vLLM again), every time the cache is new
+    (a fresh machine, a container's executor). With the engine core in this process the class is imported here
+    anyway to load the weights (0.8 s), so the subprocess protects nothing. vLLM's public register_model with the
+    class does the same inspection in this process; architectures it does not know are left to vLLM's own error."""
+    from vllm import ModelRegistry
+
+    try:
+        architectures = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))["architectures"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a local checkout with a config (vLLM reads the model itself and says what is wrong)
+    for arch in architectures if isinstance(architectures, list) else ():
+        entry = ModelRegistry.models.get(arch)
+        module, name = getattr(entry, "module_name", None), getattr(entry, "class_name", None)
+        if module and name:  # a lazily registered class (not yet imported)
+            ModelRegistry.register_model(arch, getattr(importlib.import_module(module), name))
+
+
 class InProcess:
     """vllm.LLMEngine, vLLM's documented engine-level API (its llm_engine_example), with the engine core in this
     process (VLLM_ENABLE_V1_MULTIPROCESSING=0, as on CPU): each finished() runs one engine step here."""
@@ -65,6 +90,7 @@ class InProcess:
     def __init__(self, args: Any) -> None:
         from vllm import LLMEngine
 
+        inspect_here(str(args.model))
         self._engine = LLMEngine.from_engine_args(args, usage_context=offline_usage())
         self.tokenizer = self._engine.get_tokenizer()
         self.vllm_config = self._engine.vllm_config

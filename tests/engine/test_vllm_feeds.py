@@ -4,6 +4,7 @@ vLLM refuses is that row's error, aborted requests leave nothing behind, and a d
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ from qwenspark.analyze import AnalyzeSpec, make_analyze_fn
 from qwenspark.config import EngineConfig
 from qwenspark.engines import build_engine, cache
 from qwenspark.engines.vllm import VllmEngine
+from qwenspark.engines.vllm_feeds import inspect_here
 from qwenspark.errors import EngineError
 from qwenspark.prompts import get_template
 from qwenspark.schemas import CLEAN_SCHEMA
@@ -89,3 +91,31 @@ def test_engine_core_in_its_own_process_through_async_streams(tiny_model: Path) 
     finally:
         engine.close()
         cache.clear()  # make_analyze_fn cached it
+
+
+def test_engine_core_in_this_process_inspects_the_model_class_here(tiny_model: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an empty vLLM cache, vLLM would inspect the model's class in a fresh Python (8.7 s of a first load on this
+    CPU); with the engine core in this process it is inspected here, and nothing is started."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models import registry
+
+    arch = json.loads((tiny_model / "config.json").read_text())["architectures"][0]
+    monkeypatch.setitem(ModelRegistry.models, arch, ModelRegistry.models[arch])  # put back after the test
+    lazy = ModelRegistry.models[arch]
+    assert getattr(lazy, "module_name", None), "vLLM registers its own models lazily"
+
+    def subprocess_run(fn: Callable[[], object]) -> object:
+        raise AssertionError("inspected in a subprocess")
+
+    monkeypatch.setattr(registry, "_run_in_subprocess", subprocess_run)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    with pytest.raises(AssertionError, match="subprocess"):  # what vLLM does by itself with an empty cache
+        lazy.inspect_model_cls()
+
+    inspect_here(str(tiny_model))
+    info = ModelRegistry._try_inspect_model_cls(arch)
+    assert info is not None and info.is_text_generation_model
+    assert ModelRegistry.models[arch].load_model_cls() is lazy.load_model_cls()
+
+    inspect_here(str(tmp_path))  # no config.json: left to vLLM, which says what is missing
