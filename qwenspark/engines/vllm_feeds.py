@@ -8,7 +8,7 @@ import importlib
 import json
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,6 +61,19 @@ def offline_usage() -> Any:
     return UsageContext.LLM_CLASS
 
 
+def token_prompt() -> Callable[[list[int]], Any]:
+    """How a prompt's token ids are handed to vLLM: as the engine input its renderer would make of them
+    (vllm.inputs.tokens_input, in the 0.26 of the GPU machine and the 0.32 here), not as a raw TokensPrompt, which
+    vLLM renders again per request and warns is deprecated; it checks the ids and the length either way."""
+    try:
+        from vllm.inputs import tokens_input  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:  # older releases take the raw prompt
+        from vllm.inputs import TokensPrompt
+
+        return lambda ids: TokensPrompt(prompt_token_ids=ids)
+    return tokens_input  # type: ignore[no-any-return,unused-ignore]
+
+
 def inspect_here(model: str) -> None:
     """Register the model's architectures with vLLM as classes imported in this process, when its core runs here.
 
@@ -92,13 +105,12 @@ class InProcess:
 
         inspect_here(str(args.model))
         self._engine = LLMEngine.from_engine_args(args, usage_context=offline_usage())
+        self._prompt = token_prompt()
         self.tokenizer = self._engine.get_tokenizer()
         self.vllm_config = self._engine.vllm_config
 
     def add(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
-        from vllm.inputs import TokensPrompt
-
-        self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt_ids), params)
+        self._engine.add_request(request_id, self._prompt(prompt_ids), params)
 
     def finished(self) -> list[tuple[str, Any]]:
         # vLLM reports the id we gave (newer releases add a random suffix internally only).
@@ -134,11 +146,9 @@ class EventLoop:
             self._loop.call_soon_threadsafe(self._loop.stop)
             raise
         self.vllm_config = self._llm.vllm_config
-        from vllm.inputs import TokensPrompt
-
         from qwenspark.engines.vllm import client_errors
 
-        self._prompt, self._client_errors = TokensPrompt, client_errors()
+        self._prompt, self._client_errors = token_prompt(), client_errors()
 
     @staticmethod
     async def _build(args: Any) -> Any:
@@ -158,7 +168,7 @@ class EventLoop:
     async def _answer(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
         try:
             # Cancelling this task (abort) makes AsyncLLM abort the request itself.
-            async for out in self._llm.generate(self._prompt(prompt_token_ids=prompt_ids), params, request_id):
+            async for out in self._llm.generate(self._prompt(prompt_ids), params, request_id):
                 if out.finished:
                     self._done.put((request_id, out))
         except self._client_errors as exc:  # vLLM's validation of this one request

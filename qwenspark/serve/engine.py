@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Engine, Message, Retry
+from qwenspark.engines.vllm_feeds import token_prompt
 from qwenspark.errors import EngineError, RequestError
 
 log = logging.getLogger("qwenspark.serve")
@@ -141,7 +142,7 @@ class Prompts:
 
 class AsyncVllm:
     """vLLM's AsyncLLM (its public async API): concurrent requests join one continuous batch; each prompt is handed
-    over as token ids (TokensPrompt), tokenised once here."""
+    over as token ids, tokenised once here."""
 
     def __init__(self, llm: Any, tokenizer: Any, params: dict[tuple[str | None, Retry | None], Any],
                  model: str, cfg: EngineConfig | None = None) -> None:
@@ -153,6 +154,7 @@ class AsyncVllm:
         self._ids_only = cfg is not None and not cfg.label_logprobs
         self._pinned: dict[tuple[str | None, str], Any] = {}  # (language, label) -> its StructuredOutputsParams
         self._ids = itertools.count()
+        self._prompt = token_prompt()
 
     @classmethod
     async def start(cls, cfg: EngineConfig) -> AsyncVllm:
@@ -188,15 +190,13 @@ class AsyncVllm:
         its own grammar when first needed, in vLLM's compile threads, delaying that answer only (warming the four
         pins of every setting too took 10.4 s instead of 4.9 s with v10 on this CPU; on the H200, loads without
         the warm-up showed no stall after the first second, while pinned retries began throughout)."""
-        from vllm.inputs import TokensPrompt
-
         settings = list(self._params.values())
         ids = self.prompts.encode("warm-up")
 
         async def answer(params: Any) -> None:
             short = params.clone()
             short.max_tokens = WARM_TOKENS
-            async for _ in self._llm.generate(TokensPrompt(prompt_token_ids=ids), short, f"warm-{next(self._ids)}"):
+            async for _ in self._llm.generate(self._prompt(ids), short, f"warm-{next(self._ids)}"):
                 pass
 
         await asyncio.gather(*(answer(params) for params in settings))
@@ -239,15 +239,13 @@ class AsyncVllm:
                     pin: str | None = None) -> AsyncGenerator[Step, None]:
         """The answer to a prompt given as token ids, as it grows: its first tokens (the label) one by one, then
         whole (every step, with vLLM's text, where the label's log-probabilities are asked for)."""
-        from vllm.inputs import TokensPrompt
-
         from qwenspark.engines.vllm import _label_logprobs
 
         params = self._settings(lang, retry, pin)
         answer: list[int] = []
         try:
             # AsyncLLM aborts the request itself when this iteration is cancelled (a client gone, a timeout).
-            async for out in self._llm.generate(TokensPrompt(prompt_token_ids=ids), params,
+            async for out in self._llm.generate(self._prompt(ids), params,
                                                 f"serve-{next(self._ids)}"):
                 best = out.outputs[0]
                 if not self._ids_only:

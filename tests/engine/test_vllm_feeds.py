@@ -101,9 +101,11 @@ def test_engine_core_in_this_process_inspects_the_model_class_here(tiny_model: P
     from vllm.model_executor.models import registry
 
     arch = json.loads((tiny_model / "config.json").read_text())["architectures"][0]
-    monkeypatch.setitem(ModelRegistry.models, arch, ModelRegistry.models[arch])  # put back after the test
-    lazy = ModelRegistry.models[arch]
-    assert getattr(lazy, "module_name", None), "vLLM registers its own models lazily"
+    # As vLLM registers its own models before any engine loads (earlier tests' engines replaced the entry); put back
+    # after the test.
+    module, name = registry._VLLM_MODELS[arch]
+    lazy = registry._LazyRegisteredModel(module_name=registry._resolve_module_name(module), class_name=name)
+    monkeypatch.setitem(ModelRegistry.models, arch, lazy)
 
     def subprocess_run(fn: Callable[[], object]) -> object:
         raise AssertionError("inspected in a subprocess")
