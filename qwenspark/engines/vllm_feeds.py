@@ -92,8 +92,12 @@ def inspect_here(model: str) -> None:
     for arch in architectures if isinstance(architectures, list) else ():
         entry = ModelRegistry.models.get(arch)
         module, name = getattr(entry, "module_name", None), getattr(entry, "class_name", None)
-        if module and name:  # a lazily registered class (not yet imported)
+        if not (module and name):  # not one of vLLM's lazily registered classes
+            continue
+        try:
             ModelRegistry.register_model(arch, getattr(importlib.import_module(module), name))
+        except Exception:  # e.g. a package the model needs is missing: left to vLLM's inspection, which says so
+            continue
 
 
 class InProcess:

@@ -121,3 +121,9 @@ def test_engine_core_in_this_process_inspects_the_model_class_here(tiny_model: P
     assert ModelRegistry.models[arch].load_model_cls() is lazy.load_model_cls()
 
     inspect_here(str(tmp_path))  # no config.json: left to vLLM, which says what is missing
+    # A class that cannot be imported here is left to vLLM's inspection, which reports it.
+    broken = registry._LazyRegisteredModel(module_name="qwenspark_no_such_module", class_name="NoSuchForCausalLM")
+    monkeypatch.setitem(ModelRegistry.models, "NoSuchForCausalLM", broken)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM", "Unknown"]}))
+    inspect_here(str(tmp_path))
+    assert ModelRegistry.models["NoSuchForCausalLM"] is broken
