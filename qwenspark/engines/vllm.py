@@ -180,11 +180,10 @@ class VllmEngine:
     def __init__(self, cfg: EngineConfig) -> None:
         apply_env(cfg)
         import_vllm()
-        from qwenspark.engines.vllm_feeds import EventLoop, InProcess, engine_args
+        from qwenspark.engines.vllm_feeds import EventLoop, InProcess, core_in_process, engine_args
 
         self.model_name = cfg.model
-        # Read after apply_env: the engine's env (conf/local.yaml: 0 on CPU) decides where the engine core runs.
-        in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+        in_process = core_in_process()  # the engine's env decides (conf/local.yaml: in this process on CPU)
         args = engine_args(engine_kwargs(cfg), cfg.model, asynchronous=not in_process)
         self._feed: Feed = InProcess(args) if in_process else EventLoop(args)
         self._tokenizer = self._feed.tokenizer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -74,6 +75,12 @@ def token_prompt() -> Callable[[list[int]], Any]:
     return tokens_input  # type: ignore[no-any-return,unused-ignore]
 
 
+def core_in_process() -> bool:
+    """Whether vLLM runs its engine core in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, as on CPU): read after
+    engines.vllm.apply_env has set the engine's environment."""
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+
+
 def inspect_here(model: str) -> None:
     """Register the model's architectures with vLLM as classes imported in this process, when its core runs here.
 
@@ -83,6 +90,8 @@ def inspect_here(model: str) -> None:
     (a fresh machine, a container's executor). With the engine core in this process the class is imported here
     anyway to load the weights (0.8 s), so the subprocess protects nothing. vLLM's public register_model with the
     class does the same inspection in this process; architectures it does not know are left to vLLM's own error."""
+    if not core_in_process():  # a core process of its own would inspect again, in a fresh Python
+        return
     from vllm import ModelRegistry
 
     try:

@@ -160,7 +160,7 @@ class AsyncVllm:
     async def start(cls, cfg: EngineConfig) -> AsyncVllm:
         """Load the model (in vLLM's engine-core process) for cfg, set as templated() sets it for the prompt."""
         from qwenspark.engines.vllm import apply_env, engine_kwargs, import_vllm, on_gpu, sampling_params
-        from qwenspark.engines.vllm_feeds import engine_args
+        from qwenspark.engines.vllm_feeds import engine_args, inspect_here
 
         apply_env(cfg)
         import_vllm()
@@ -171,6 +171,7 @@ class AsyncVllm:
             kwargs = gpu_kwargs(kwargs)
             log.info("serve: vLLM on the GPU with %s sequences at once, %s tokens a step, CUDA graphs %s",
                      kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"], kwargs.get("compilation_config", "off"))
+        inspect_here(cfg.model)  # with the engine core in this process (as on CPU)
         llm = AsyncLLM.from_engine_args(engine_args(kwargs, cfg.model, asynchronous=True))
         tokenizer = llm.get_tokenizer()
         if inspect.isawaitable(tokenizer):  # older releases: a coroutine

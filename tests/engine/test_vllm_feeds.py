@@ -96,7 +96,8 @@ def test_engine_core_in_its_own_process_through_async_streams(tiny_model: Path) 
 def test_engine_core_in_this_process_inspects_the_model_class_here(tiny_model: Path, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """With an empty vLLM cache, vLLM would inspect the model's class in a fresh Python (8.7 s of a first load on this
-    CPU); with the engine core in this process it is inspected here, and nothing is started."""
+    CPU); with the engine core in this process (the job's and the service's on CPU) it is inspected here, and nothing
+    is started."""
     from vllm import ModelRegistry
     from vllm.model_executor.models import registry
 
@@ -115,6 +116,11 @@ def test_engine_core_in_this_process_inspects_the_model_class_here(tiny_model: P
     with pytest.raises(AssertionError, match="subprocess"):  # what vLLM does by itself with an empty cache
         lazy.inspect_model_cls()
 
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # a core process of its own would inspect again
+    inspect_here(str(tiny_model))
+    assert ModelRegistry.models[arch] is lazy
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     inspect_here(str(tiny_model))
     info = ModelRegistry._try_inspect_model_cls(arch)
     assert info is not None and info.is_text_generation_model
