@@ -35,6 +35,7 @@ class EvalReport:
     per_class_by_lang: dict[str, dict[str, dict[str, float]]]  # lang -> gold class -> precision/recall/f1/support
     confusion_by_lang: dict[str, dict[str, dict[str, int]]]  # lang -> gold -> raw answer (4 labels, error) -> rows
     summary_in_language_rate: float  # of the rows with a summary in zh or en
+    summary_copied_rate: float  # of the rows with a summary: mostly one verbatim stretch of the review (scoring.copied)
     cut_or_looping_rate: float  # answers cut by max_tokens, or with a degenerate repetition in the summary
     cut_or_looping: list[dict[str, object]]  # those rows: source_id, lang, tokens_out, summary (cut: None)
     repaired_rate: float  # answers generated a second time (cut or looping the first time: engine.repair_penalty)
@@ -134,6 +135,8 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
     per_class = {lang: scoring.per_class(g, a) for lang, (g, a) in per_lang.items()}
     in_lang = [v for v in (scoring.in_language(s, lang) for s, lang in zip(summaries, langs, strict=True))
                if v is not None]
+    copies = [v for v in (scoring.copied(s, t) for s, t in zip(summaries, labelled["text"], strict=True))
+              if v is not None]
     cut = [bool(e and e.startswith(CUT_ERROR)) or scoring.looping(s) for e, s in zip(errors, summaries, strict=True)]
     n = len(labelled)
     tokens_out = [int(t) for t in out["tokens_out"].tolist()]
@@ -151,6 +154,7 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
         per_class_by_lang={lang: {k: asdict(v) for k, v in c.items()} for lang, c in per_class.items()},
         confusion_by_lang={lang: scoring.confusion(g, a) for lang, (g, a) in per_lang.items()},
         summary_in_language_rate=sum(in_lang) / len(in_lang) if in_lang else 0.0,
+        summary_copied_rate=sum(copies) / len(copies) if copies else 0.0,
         cut_or_looping_rate=sum(cut) / n,
         repaired_rate=repaired / n,
         cut_or_looping=[

@@ -75,6 +75,7 @@ def print_eval(r: EvalReport) -> None:
   schema-valid        {r.schema_valid_rate:.3f}
   error rate          {r.error_rate:.3f}
   summary in language {r.summary_in_language_rate:.3f}
+  summary copied      {r.summary_copied_rate:.3f} (mostly one verbatim stretch of the review)
   cut or looping      {r.cut_or_looping_rate:.4f}
   generated again     {r.repaired_rate:.4f} (cut or looping the first time: engine.repair_penalty)
   tokens out / review {r.mean_tokens_out:.1f} (p10/p50/p90 {spread})
@@ -89,6 +90,7 @@ def print_eval(r: EvalReport) -> None:
 _COMPARED: list[tuple[str, tuple[str, ...]]] = [
     ("rows", ("rows",)), ("accuracy", ("accuracy",)), ("macro-F1", ("macro_f1",)),
     ("schema-valid", ("schema_valid_rate",)), ("summary in language", ("summary_in_language_rate",)),
+    ("summary copied", ("summary_copied_rate",)),
     ("cut or looping", ("cut_or_looping_rate",)), ("generated again", ("repaired_rate",)),
     ("tokens out / review", ("mean_tokens_out",)),
     ("rows/s", ("rows_per_s",))]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 
 from qwenspark.parse import looping
 from qwenspark.schemas import SENTIMENTS
@@ -98,3 +99,19 @@ def in_language(summary: str | None, lang: str) -> bool | None:
         return None
     han, words = len(_HAN.findall(summary)), len(_LATIN_WORD.findall(summary))
     return han >= words and han > 0 if lang == "zh" else han == 0 and words > 0
+
+
+# A summary is a copy when one verbatim stretch of its review makes up this share of it, and is this long: a short
+# review's summary may well repeat it whole ("很好"), a long one's should not be its first hundred characters.
+COPIED_SHARE, COPIED_MIN_CHARS = 0.8, 16
+
+
+def copied(summary: str | None, text: str | None) -> bool | None:
+    """Whether a summary is mostly one verbatim stretch of its review (COPIED_SHARE of its characters, at least
+    COPIED_MIN_CHARS long, as written: case and punctuation count); None when there is no summary."""
+    if not summary:
+        return None
+    if not text:
+        return False
+    match = SequenceMatcher(None, text, summary, autojunk=False).find_longest_match(0, len(text), 0, len(summary))
+    return match.size >= COPIED_MIN_CHARS and match.size >= COPIED_SHARE * len(summary)

@@ -83,6 +83,33 @@ def test_summary_language(summary: str | None, lang: str, ok: bool | None) -> No
     assert scoring.in_language(summary, lang) is ok
 
 
+REVIEW = "The room was clean and the staff were friendly, but the street outside was noisy all night long."
+
+
+@pytest.mark.parametrize(("summary", "text", "copy"), [
+    ("The room was clean and the staff were friendly", REVIEW, True),  # the review's first words
+    ("Clean room and friendly staff; a noisy street at night.", REVIEW, False),  # its own words
+    ("很好", "很好", False),  # a short review's summary may repeat it whole
+    ("房间干净，服务热情，就是外面街道整晚都很吵闹", "房间干净，服务热情，就是外面街道整晚都很吵闹。下次还会再来。",
+     True),
+    ("The room was clean, the staff friendly; a noisy street.", REVIEW, False),  # a copied start, then its own
+    (None, REVIEW, None), ("", REVIEW, None), ("Some summary of a review", None, False),
+])
+def test_copied_summary(summary: str | None, text: str | None, copy: bool | None) -> None:
+    assert scoring.copied(summary, text) is copy
+
+
+def test_the_report_counts_copied_summaries_among_those_written() -> None:
+    labelled = pd.DataFrame({"source_id": ["a", "b", "c"], "lang": ["en"] * 3, "text": [REVIEW] * 3,
+                             "label": ["positive"] * 3})
+    copy = "The room was clean and the staff were friendly"
+    out = pd.DataFrame({"sentiment": ["positive", "positive", None],
+                        "summary": [copy, "Clean room, noisy street.", None],
+                        "error": [None, None, "parse: x"], "tokens_out": [10, 10, 10], "latency_ms": [5, 5, 5]})
+    r = score(labelled, out, seconds=1.0, engine_load_seconds=1.0, model="m", prompt_version="v1")
+    assert r.summary_copied_rate == 1 / 2
+
+
 def _report_of_hand_made_rows() -> dict[str, object]:
     labelled = pd.DataFrame({"source_id": [f"r{i}" for i in range(12)], "lang": ["en"] * 8 + ["zh"] * 4,
                              "text": ["t"] * 12, "label": EN_GOLD + ZH_GOLD})
