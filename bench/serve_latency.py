@@ -322,6 +322,7 @@ async def run_loads(args: argparse.Namespace, port: int, figures: dict[str, Any]
         loads += [(f"rate={r}/s", r) for r in args.rate]
         for name, value in loads:
             bodies = reviews(args.requests, data=args.data)
+            print(f"[load] {name} starts", flush=True)  # a profiler started from outside waits for this line
             cpu, shards_cpu, row_extra = meter.read(), 0.0, {}
             metrics_before = (await client.get("/metrics")).text
             t0 = time.monotonic()
