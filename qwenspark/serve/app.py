@@ -40,6 +40,7 @@ from qwenspark.errors import ConfigError, EngineError, RequestError
 from qwenspark.models.identity import model_identity
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS
 from qwenspark.serve.engine import ServeEngine
+from qwenspark.serve.optimism import Optimism
 from qwenspark.serve.pauses import Pauses, freeze_heap
 
 log = logging.getLogger("qwenspark.serve")
@@ -160,6 +161,10 @@ class Metrics:
                                        buckets=_BUCKETS, registry=r)
         self.retries = Counter("qwenspark_serve_retries", "Answers generated a second time, by kind (grammar: an "
                                "optimistic answer that misfit; penalty: cut or looping)", ["kind"], registry=r)
+        self.guided_first = Counter("qwenspark_serve_guided_first", "Reviews guided from their first token because "
+                                    "too few first answers fit the grammar (serve.optimistic_min_fit)", registry=r)
+        self.fit_share = Gauge("qwenspark_serve_optimistic_fit_share", "Share of the last serve.optimistic_window "
+                               "first answers written without the grammar that fit it", registry=r)
         self.in_flight = Gauge("qwenspark_serve_in_flight", "Reviews admitted and not yet answered", registry=r)
         self.queue_depth = Gauge("qwenspark_serve_queue_depth", "Admitted reviews the engine has not started "
                                  "answering", registry=r)
@@ -191,7 +196,8 @@ class Service:
         self.cfg, self.engine, self.store, self.worker = cfg, engine, store, worker
         self.spec = AnalyzeSpec(engine=cfg.engine, prompt_version=cfg.prompt.version,
                                 max_review_tokens=cfg.clean.max_review_tokens, guard=cfg.prompt.guard)
-        self.optimistic = serve_engine_config(cfg).optimistic  # whether first attempts are unguided
+        self.optimistic = serve_engine_config(cfg).optimistic  # whether first attempts may go unguided
+        self.optimism = Optimism(cfg.serve.optimistic_min_fit, cfg.serve.optimistic_window) if self.optimistic else None
         self.key = cfg.serve.api_key()
         self.identity = model_identity(cfg.engine)
         self.metrics = Metrics()
@@ -231,8 +237,11 @@ class Service:
                 else (review.created_at - _EPOCH) // timedelta(microseconds=1),
                 "lang": lang, "text": text, "input_key": self.input_key(lang, review.text), "clean_error": None,
             })
+        optimistic = self.optimism.choose() if self.optimism is not None else False
+        if self.optimistic and not optimistic:
+            self.metrics.guided_first.inc(len(rows))
         batch = PreparedBatch(self.engine, pd.DataFrame(rows, columns=CLEAN_SCHEMA.fieldNames()), self.spec,
-                              optimistic=self.optimistic)
+                              optimistic=optimistic)
         for i, error in enumerate(batch.errors):
             if error is not None:  # the guard left nothing but instructions to the model
                 raise Refused(400, f"reviews[{i}].text: {error}")
@@ -264,7 +273,10 @@ class Service:
     async def _answer(self, batch: PreparedBatch, j: int, started: float, label: Callable[[int, str], None] | None,
                       waiting: list[bool]) -> None:
         conversation, lang = batch.conversations[j], batch.langs[batch.todo[j]]
-        retry: Retry | None = None
+        # An optimistic engine's first attempt is unguided; a request the share of fitting answers sends guided from
+        # its first token asks for the grammar's settings, as a retry without a pin.
+        retry: Retry | None = "grammar" if self.optimistic and not batch.optimistic else None
+        first = batch.optimistic  # an optimistic first attempt, whose outcome feeds the share
         # Once the label is sent, a retry (an optimistic answer that misfits the grammar, a cut or looping one) is
         # pinned to the model label it was sent from, and the row keeps the label sent: what the client was told
         # is what is stored.
@@ -289,6 +301,10 @@ class Service:
                 raise EngineError("serve: the engine ended a request without an answer")
             self.metrics.generated(done.tokens_out)
             retry = batch.fill(j, done, _ms(started))
+            if first and self.optimism is not None:
+                self.optimism.record(retry is None)
+                self.metrics.fit_share.set(self.optimism.share() or 0.0)
+                first = False
             if retry is None:
                 if sent is not None:
                     batch.keep_label(j, sent)

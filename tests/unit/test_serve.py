@@ -127,8 +127,8 @@ class Misfit(CharTokens):
 
     model_name = "misfit"
 
-    def __init__(self, first: str, retried: str) -> None:
-        self.first, self.retried = first, retried
+    def __init__(self, first: str, retried: str, fits: bool = False) -> None:
+        self.first, self.retried, self.fits = first, retried, fits  # fits: the first attempt's summary is short
         self.attempts: list[tuple[Retry | None, str | None]] = []
 
     async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
@@ -136,7 +136,8 @@ class Misfit(CharTokens):
         self.attempts.append((retry, pin))
         long = ("The guest found the room dirty, the staff slow to help, the breakfast cold and the street noisy all "
                 "night.")
-        label, summary = (self.first, long) if retry is None else (self.retried, "Short summary.")
+        label, summary = (self.first, "Short." if self.fits else long) if retry is None else (self.retried,
+                                                                                              "Short summary.")
         yield Partial(f"{label}\n")
         await asyncio.sleep(0)
         final = f'{label}\n"{summary}"\nroom:{label if label != "mixed" else "neutral"}'
@@ -173,6 +174,40 @@ def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimist
     assert result["result"]["sentiment"] == label["sentiment"], (label, result)
     assert result["result"]["summary"] == "Short summary." and result["result"]["error"] is None
     assert 'qwenspark_serve_retries_total{kind="grammar"} 1.0' in metrics
+
+
+@pytest.mark.parametrize(("fits", "min_fit"), [(False, 0.6), (True, 0.6), (False, 0.0)])
+def test_too_few_fitting_first_answers_turn_optimism_off_but_for_probes(fits: bool, min_fit: float) -> None:
+    cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
+                           "prompt": {"version": "v13"},
+                           "serve": {"optimistic_min_fit": min_fit, "optimistic_window": 8}})
+    engine = Misfit(first="negative", retried="negative", fits=fits)
+    service = Service(cfg, engine)
+
+    async def go() -> list[list[tuple[Retry | None, str | None]]]:
+        each = []
+        async with _client(service) as client:
+            for i in range(25):  # one after another: each request's outcome is known before the next one's choice
+                before = len(engine.attempts)
+                got = await client.post("/v1/analyze", json={"text": f"The room was filthy, night {i}."})
+                assert got.status_code == 200 and got.json()["results"][0]["error"] is None, got.text
+                each.append(engine.attempts[before:])
+        return each
+
+    each = _run(go())
+    metrics = _run(_client(service).get("/metrics")).text
+    # not streamed: no label is sent early, so no retry is pinned to one
+    optimistic, misfit, guided = [(None, None)], [(None, None), ("grammar", None)], [("grammar", None)]
+    if fits:
+        assert each == [optimistic] * 25 and "qwenspark_serve_optimistic_fit_share 1.0" in metrics
+    elif min_fit == 0:
+        assert each == [misfit] * 25
+    else:
+        # two misfits (a quarter of the window) turn it off; the 20th request guided since is a probe
+        assert each[:2] == [misfit] * 2 and each[21] == misfit, each
+        assert each[2:21] == [guided] * 19 and each[22:] == [guided] * 3, each
+        assert "qwenspark_serve_guided_first_total 22.0" in metrics
+        assert "qwenspark_serve_optimistic_fit_share 0.0" in metrics
 
 
 def test_overload_gets_429_with_retry_after_and_memory_stays_bounded() -> None:

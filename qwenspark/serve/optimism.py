@@ -1,0 +1,37 @@
+"""Whether a request's first attempts go without the grammar: while the recent share of fitting first answers pays."""
+
+from __future__ import annotations
+
+from collections import deque
+
+# One request in this many is written optimistically while the share is too low, so that a model (or a stream of
+# reviews) whose answers come to fit again is noticed.
+PROBE_EVERY = 20
+
+
+class Optimism:
+    """The service's choice per request (serve.optimistic_min_fit): optimistic until the last `window` first answers
+    show fewer than `min_fit` fitting the grammar, then guided from the first token but for one probe in PROBE_EVERY.
+    Optimistic while a quarter of the window is not yet seen (a start with too few answers to judge)."""
+
+    def __init__(self, min_fit: float, window: int) -> None:
+        self.min_fit, self._seen, self._guided = min_fit, deque[bool](maxlen=window), 0
+
+    def share(self) -> float | None:
+        """The share of fitting first answers among the last window's; None before the first."""
+        return sum(self._seen) / len(self._seen) if self._seen else None
+
+    def choose(self) -> bool:
+        """Whether the next request's first attempts are written without the grammar."""
+        share = self.share()
+        if self.min_fit <= 0 or share is None or len(self._seen) < max(1, (self._seen.maxlen or 4) // 4):
+            return True
+        if share >= self.min_fit:
+            self._guided = 0
+            return True
+        self._guided += 1
+        return self._guided % PROBE_EVERY == 0
+
+    def record(self, fitted: bool) -> None:
+        """One optimistic first answer's outcome: whether it was stored without a second attempt."""
+        self._seen.append(fitted)
