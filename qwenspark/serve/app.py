@@ -196,11 +196,14 @@ class Service:
         self.cfg, self.engine, self.store, self.worker = cfg, engine, store, worker
         self.spec = AnalyzeSpec(engine=cfg.engine, prompt_version=cfg.prompt.version,
                                 max_review_tokens=cfg.clean.max_review_tokens, guard=cfg.prompt.guard)
-        self.optimistic = serve_engine_config(cfg).optimistic  # whether first attempts may go unguided
-        self.optimism = Optimism(cfg.serve.optimistic_min_fit, cfg.serve.optimistic_window) if self.optimistic else None
+        # With an optimistic engine (first attempts may go unguided): the rule that decides it per request.
+        self.optimism = Optimism(cfg.serve.optimistic_min_fit, cfg.serve.optimistic_window) \
+            if serve_engine_config(cfg).optimistic else None
         self.key = cfg.serve.api_key()
         self.identity = model_identity(cfg.engine)
         self.metrics = Metrics()
+        if (optimism := self.optimism) is not None:  # read when /metrics is, not per answer
+            self.metrics.fit_share.set_function(lambda: optimism.share() or 0.0)
         self.admitted = 0
 
     def authorise(self, request: Request) -> None:
@@ -238,7 +241,7 @@ class Service:
                 "lang": lang, "text": text, "input_key": self.input_key(lang, review.text), "clean_error": None,
             })
         optimistic = self.optimism.choose() if self.optimism is not None else False
-        if self.optimistic and not optimistic:
+        if self.optimism is not None and not optimistic:
             self.metrics.guided_first.inc(len(rows))
         batch = PreparedBatch(self.engine, pd.DataFrame(rows, columns=CLEAN_SCHEMA.fieldNames()), self.spec,
                               optimistic=optimistic)
@@ -275,7 +278,7 @@ class Service:
         conversation, lang = batch.conversations[j], batch.langs[batch.todo[j]]
         # An optimistic engine's first attempt is unguided; a request the share of fitting answers sends guided from
         # its first token asks for the grammar's settings, as a retry without a pin.
-        retry: Retry | None = "grammar" if self.optimistic and not batch.optimistic else None
+        retry: Retry | None = "grammar" if self.optimism is not None and not batch.optimistic else None
         first = batch.optimistic  # an optimistic first attempt, whose outcome feeds the share
         # Once the label is sent, a retry (an optimistic answer that misfits the grammar, a cut or looping one) is
         # pinned to the model label it was sent from, and the row keeps the label sent: what the client was told
@@ -303,7 +306,6 @@ class Service:
             retry = batch.fill(j, done, _ms(started))
             if first and self.optimism is not None:
                 self.optimism.record(retry is None)
-                self.metrics.fit_share.set(self.optimism.share() or 0.0)
                 first = False
             if retry is None:
                 if sent is not None:

@@ -15,18 +15,17 @@ class Optimism:
     Optimistic while a quarter of the window is not yet seen (a start with too few answers to judge)."""
 
     def __init__(self, min_fit: float, window: int) -> None:
-        self.min_fit, self._seen, self._guided = min_fit, deque[bool](maxlen=window), 0
+        self.min_fit, self._learning = min_fit, max(1, window // 4)
+        self._seen, self._fits, self._guided = deque[bool](maxlen=window), 0, 0  # _fits: True in _seen, kept count
 
     def share(self) -> float | None:
         """The share of fitting first answers among the last window's; None before the first."""
-        return sum(self._seen) / len(self._seen) if self._seen else None
+        return self._fits / len(self._seen) if self._seen else None
 
     def choose(self) -> bool:
-        """Whether the next request's first attempts are written without the grammar."""
-        share = self.share()
-        if self.min_fit <= 0 or share is None or len(self._seen) < max(1, (self._seen.maxlen or 4) // 4):
-            return True
-        if share >= self.min_fit:
+        """Whether the next request's first attempts are written without the grammar (once per request, on the
+        service's hot path: no pass over the window)."""
+        if self.min_fit <= 0 or len(self._seen) < self._learning or self._fits / len(self._seen) >= self.min_fit:
             self._guided = 0
             return True
         self._guided += 1
@@ -34,4 +33,7 @@ class Optimism:
 
     def record(self, fitted: bool) -> None:
         """One optimistic first answer's outcome: whether it was stored without a second attempt."""
+        if len(self._seen) == self._seen.maxlen:
+            self._fits -= self._seen[0]  # the oldest outcome leaves the window
         self._seen.append(fitted)
+        self._fits += fitted

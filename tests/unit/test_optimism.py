@@ -18,6 +18,9 @@ def test_optimism_follows_the_share_of_fitting_first_answers_both_ways() -> None
     for _ in range(8):  # the probes' answers fit (another model, other reviews): the window fills with them
         rule.record(True)
     assert rule.share() == 1.0 and all(rule.choose() for _ in range(PROBE_EVERY))
+    for n in range(1, 9):  # each misfit pushes a fitting answer out of the window
+        rule.record(False)
+        assert rule.share() == (8 - n) / 8
 
 
 def test_a_share_at_the_bound_stays_optimistic_and_zero_never_turns_it_off() -> None:
