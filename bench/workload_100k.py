@@ -29,6 +29,7 @@ import argparse
 import bisect
 import dataclasses
 import json
+import os
 import random
 import sys
 import time
@@ -208,9 +209,18 @@ def bare_llm_generate(cfg: EngineConfig, plan: LengthPlan, warm: list[Any], conv
     the engine's per-request settings and the planned lengths; shut down after. (seconds, output tokens, settings)"""
     from vllm import LLM
 
-    from qwenspark.engines.vllm import _release_process_memory, apply_env, engine_kwargs, sampling_params
+    from qwenspark.engines.vllm import (
+        _release_process_memory,
+        apply_env,
+        engine_kwargs,
+        gpu_env,
+        on_gpu,
+        sampling_params,
+    )
 
     apply_env(cfg)
+    if on_gpu():
+        gpu_env(os.environ, chosen=cfg.env)  # as VllmEngine does: the same engine-core threads on both sides
     llm = LLM(cfg.model, **engine_kwargs(cfg))
     tokenizer = llm.get_tokenizer()
     per_lang = sampling_params(cfg, final_only=True)  # the engine's own settings: answers read once finished
@@ -243,7 +253,7 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
         kind="vllm", model=model, batch_size=args.batch_size, max_in_flight=args.max_in_flight,
         max_tokens=args.max_tokens, max_model_len=4096, gpu_memory_utilization=None if on_cpu else args.gpu_memory,
         enforce_eager=on_cpu, engine_kwargs=engine_kwargs, repair_penalty=0.0,
-        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"} if on_cpu else {},
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"} if on_cpu else dict(args.env),
     ), version)
     cfg, devices = pin_task_gpus(cfg)
     plan = LengthPlan()
@@ -357,6 +367,8 @@ def main() -> int:
     p.add_argument("--detokenize", choices=("final", "each"), default="final",
                    help="final: the engine's answers decoded once finished (the job's setting); each: vLLM detokenises "
                         "every token as it is decoded (the job before; to measure the lever)")
+    p.add_argument("--env", action="append", default=[], type=lambda kv: tuple(kv.split("=", 1)), metavar="NAME=VALUE",
+                   help="the GPU engine's engine.env (e.g. OMP_NUM_THREADS=16: the pool engines.vllm.GPU_ENV caps)")
     p.add_argument("--json-out", type=Path)
     args = p.parse_args()
     if args.detokenize == "each":
@@ -373,7 +385,7 @@ def main() -> int:
     reviews = sample_reviews(args.data, max(args.reviews, args.bare_reviews, 64), args.en_share)
     figures: dict[str, Any] = {"model": args.shape or model, "device": _device_name(),
                                "mean_review_chars": round(float(reviews["text"].str.len().mean()), 1),
-                               "en_share": args.en_share, "strategies": []}
+                               "en_share": args.en_share, "engine_env": dict(args.env), "strategies": []}
     for name in args.strategies.split(","):
         version, share = strategy(name)
         row = run_strategy(args, version, reviews, lengths_table=tables[name.partition("@")[0].split("-")[0]],

@@ -159,14 +159,14 @@ def _engine_for_task(
     engine_cfg, devices = pin_task_gpus(templated(spec.engine, spec.prompt_version))
     cores: list[int] = []
     if spec.cores:
-        engine_cfg, cores = pin_threads(engine_cfg, spec.cores)
+        engine_cfg, cores = pin_threads(engine_cfg, spec.cores, devices)
     engine, loaded = cache.get_engine(engine_cfg, engine_factory, devices)
     where = f"{os.getpid()}:{','.join(devices) or 'none'}"
     if loaded:
         log.info(
             "engine on GPU(s) [%s], cores [%s], %s threads (pid %d)",
             ",".join(devices), _ranges(cores) or engine_cfg.env.get("VLLM_CPU_OMP_THREADS_BIND", "unbound"),
-            engine_cfg.env.get("OMP_NUM_THREADS", "default"),
+            engine_cfg.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "default")),
             os.getpid(),
         )
         if metrics is not None:

@@ -8,7 +8,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,13 +180,16 @@ def pin_task_gpus(cfg: EngineConfig) -> tuple[EngineConfig, list[str]]:
     return cfg, devices
 
 
-def pin_threads(cfg: EngineConfig, cores: int) -> tuple[EngineConfig, list[int]]:
+def pin_threads(cfg: EngineConfig, cores: int, gpus: Sequence[str] = ()) -> tuple[EngineConfig, list[int]]:
     """Give the engine `cores` threads, bound to cores no other engine on this host holds (CPU vLLM).
 
     Spark sets OMP_NUM_THREADS to spark.task.cpus (1 by default) in every Python worker, which leaves a CPU
     engine on one thread. The values go into the engine's env (set before torch/vllm are imported); what the
-    user put in engine.env wins.
+    user put in engine.env wins. An engine on GPUs (gpus, or device cuda) is left as it is: its threads only
+    feed the GPU (engines.vllm.GPU_ENV decides them).
     """
+    if gpus or cfg.device == "cuda":
+        return cfg, []
     env = dict(cfg.env)
     bound: list[int] = []
     if cfg.kind == "vllm" and cfg.device != "cuda" and "VLLM_CPU_OMP_THREADS_BIND" not in env:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
@@ -25,6 +25,25 @@ def apply_env(cfg: EngineConfig) -> None:
     # Spark's Python workers are forked daemons: a forked CUDA context is unusable, so vLLM must spawn.
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.update(cfg.env)
+
+
+# The engine core's environment on a GPU, under what the user chose. OMP_NUM_THREADS=1 is what vLLM sets for GPU
+# workers in processes of their own (multiproc_executor.set_multiprocessing_worker_envs: "to avoid unnecessary CPU
+# contention"), but not for a one-GPU engine, whose worker runs inside the engine core: there torch keeps its OpenMP
+# pool of a thread per core (in a Spark task: per executor core, Spark's OMP_NUM_THREADS), whose workers spin between
+# the step's small parallel copies. Profiled on an H200 at 200 guided requests/s (the service, 0.6B shape,
+# bench/results/profiles/pyspy_h200_06b_200rps_guided_stop35.txt): 15 threads without Python frames (16 cores - 1,
+# the pool) at about half a core each, 7.3 of the host's 16 cores, beside vLLM's 8 mask-fill threads and a step loop
+# whose copy of the grammar masks into pinned memory took 23 % of it; reproduced on this CPU by
+# bench/engine_core_threads.py (1.05 cores with a pool of 2 against 0.059 with 1).
+GPU_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def gpu_env(environ: MutableMapping[str, str], chosen: Collection[str]) -> None:
+    """GPU_ENV into environ but for the names in chosen (the user's), before vLLM spawns its engine core."""
+    for key, value in GPU_ENV.items():
+        if key not in chosen:
+            environ[key] = value
 
 
 def on_gpu() -> bool:
@@ -182,6 +201,9 @@ class VllmEngine:
         import_vllm()
         from qwenspark.engines.vllm_feeds import EventLoop, InProcess, core_in_process, engine_args
 
+        if on_gpu():
+            # Only engine.env counts as the user's choice here: in a Spark task OMP_NUM_THREADS is Spark's.
+            gpu_env(os.environ, chosen=cfg.env)
         self.model_name = cfg.model
         in_process = core_in_process()  # the engine's env decides (conf/local.yaml: in this process on CPU)
         args = engine_args(engine_kwargs(cfg), cfg.model, asynchronous=not in_process)

@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -43,24 +43,9 @@ EARLY_TOKENS = 16
 SERVE_GPU_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
 GRAPH_TOKENS_MAX = 2048  # graphs captured for steps of up to this many tokens: each size is a capture at start
 
-# The engine core's environment on a GPU where the user's (engine.env, the shell) leaves it unset. OMP_NUM_THREADS=1
-# is what vLLM sets for GPU workers in processes of their own (multiproc_executor.set_multiprocessing_worker_envs: "to
-# avoid unnecessary CPU contention"), but not for a one-GPU engine, whose worker runs inside the engine core: there
-# torch kept its OpenMP pool of a thread per core. Profiled on an H200 at 200 guided requests/s (0.6B shape,
-# bench/results/profiles/pyspy_h200_06b_200rps_guided_stop35.txt), the engine core held 15 threads without Python
-# frames (16 cores - 1, the pool's size) at about half a core each: 7.3 of the host's 16 cores, beside vLLM's 8
-# mask-fill threads, the service's workers and the step loop whose copy of the grammar masks to the GPU (a parallel
-# copy into pinned memory) took 23 % of it. Not yet measured with the pool at one thread (bench/device/README.md).
-SERVE_GPU_ENV = {"OMP_NUM_THREADS": "1"}
 
 # Tokens of each warm-up answer (AsyncVllm.warm): enough for the grammar's mask to be applied on the GPU.
 WARM_TOKENS = 2
-
-
-def gpu_env(environ: MutableMapping[str, str]) -> None:
-    """SERVE_GPU_ENV into environ under what it holds, before vLLM starts its engine core (which inherits it)."""
-    for key, value in SERVE_GPU_ENV.items():
-        environ.setdefault(key, value)
 
 
 def gpu_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -176,7 +161,7 @@ class AsyncVllm:
     @classmethod
     async def start(cls, cfg: EngineConfig) -> AsyncVllm:
         """Load the model (in vLLM's engine-core process) for cfg, set as templated() sets it for the prompt."""
-        from qwenspark.engines.vllm import apply_env, engine_kwargs, import_vllm, on_gpu, sampling_params
+        from qwenspark.engines.vllm import apply_env, engine_kwargs, gpu_env, import_vllm, on_gpu, sampling_params
         from qwenspark.engines.vllm_feeds import engine_args, inspect_here
 
         apply_env(cfg)
@@ -185,7 +170,7 @@ class AsyncVllm:
 
         kwargs = engine_kwargs(cfg)
         if on_gpu():
-            gpu_env(os.environ)
+            gpu_env(os.environ, chosen=os.environ)  # engine.env (applied above) and the shell win
             kwargs = gpu_kwargs(kwargs)
             log.info("serve: vLLM on the GPU with %s sequences at once, %s tokens a step, CUDA graphs %s",
                      kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"], kwargs.get("compilation_config", "off"))

@@ -131,17 +131,6 @@ def test_the_gpu_defaults_sit_under_the_users_settings_and_vllm_reads_them() -> 
     assert "compilation_config" not in gpu_kwargs({"enforce_eager": True})
 
 
-def test_the_gpu_environment_sits_under_the_users() -> None:
-    from qwenspark.serve.engine import gpu_env
-
-    environ = {"PATH": "/bin"}
-    gpu_env(environ)
-    assert environ == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
-    mine = {"OMP_NUM_THREADS": "4"}  # from engine.env (applied first) or the shell
-    gpu_env(mine)
-    assert mine == {"OMP_NUM_THREADS": "4"}
-
-
 # vLLM builds its grammar backend and compiles the GPU's mask kernel at the first guided request, in the step loop
 # every running answer waits on; the service runs each of its answer settings once, short and all at once, first.
 def test_the_engine_is_warmed_under_every_answer_setting_at_once(tiny_model: Path) -> None:

@@ -282,6 +282,33 @@ def test_pin_threads_claims_cores_no_other_engine_holds(clean_env: pytest.Monkey
             handle.close()
 
 
+
+def test_an_engine_on_gpus_keeps_its_threads_unpinned(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Its threads only feed the GPU: no cores claimed, and OMP_NUM_THREADS left to engines.vllm.GPU_ENV.
+    clean_env.setenv("QWENSPARK_CLAIMS_DIR", str(tmp_path))
+    clean_env.setattr(resources, "_CLAIMS", {})
+    clean_env.setattr(resources, "_BINDINGS", {})
+    for cfg, gpus in ((engine(), ["0"]), (engine(device="cuda"), [])):
+        out, bound = resources.pin_threads(cfg, 4, gpus)
+        assert (out, bound) == (cfg, [])
+    assert resources.claimed("core-") == []
+    try:
+        assert resources.pin_threads(engine(), 4)[0].env["OMP_NUM_THREADS"] == "4"  # a CPU engine still gets them
+    finally:
+        for handle in resources._CLAIMS.values():
+            handle.close()
+
+
+def test_the_gpu_environment_sits_under_the_users() -> None:
+    from qwenspark.engines.vllm import gpu_env
+
+    environ = {"PATH": "/bin", "OMP_NUM_THREADS": "16"}  # Spark's value in a task: not the user's choice
+    gpu_env(environ, chosen={})
+    assert environ == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    environ = {"OMP_NUM_THREADS": "4"}  # engine.env (applied first); the service also counts the shell's
+    gpu_env(environ, chosen={"OMP_NUM_THREADS": "4"})
+    assert environ == {"OMP_NUM_THREADS": "4"}
+
 def test_pin_cuda_on_the_driver_finds_nothing(clean_env: pytest.MonkeyPatch) -> None:
     assert resources.task_gpu_addresses("cuda") == []
 
