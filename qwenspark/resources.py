@@ -185,14 +185,14 @@ def pin_threads(cfg: EngineConfig, cores: int, gpus: Sequence[str] = ()) -> tupl
 
     Spark sets OMP_NUM_THREADS to spark.task.cpus (1 by default) in every Python worker, which leaves a CPU
     engine on one thread. The values go into the engine's env (set before torch/vllm are imported); what the
-    user put in engine.env wins. An engine on GPUs (gpus, or device cuda) is left as it is: its threads only
-    feed the GPU (engines.vllm.GPU_ENV decides them).
+    user put in engine.env wins. An engine on GPUs (the task's, gpus) is left as it is: its threads only feed
+    the GPU (engines.vllm.GPU_ENV decides them).
     """
-    if gpus or cfg.device == "cuda":
+    if gpus:
         return cfg, []
     env = dict(cfg.env)
     bound: list[int] = []
-    if cfg.kind == "vllm" and cfg.device != "cuda" and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+    if cfg.kind == "vllm" and "VLLM_CPU_OMP_THREADS_BIND" not in env:
         # Decided once per process: the values go into the engine's cache key, so a later task deciding
         # otherwise (cores freed or taken meanwhile) would reload the engine.
         if cores not in _BINDINGS:
