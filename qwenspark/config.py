@@ -679,6 +679,11 @@ class ServeConfig(_Section):
                          "`qwenspark serve` (qwenspark.serve.shared); other kinds are loaded in each. /healthz and "
                          "/metrics describe the worker that answers. 0: 3 with engine.kind vllm on a CUDA GPU and at "
                          "least 8 cores to run on (its CPU affinity; measured on an H200: README, stop 33), else 1.")
+    engines: int = Field(1, ge=1, le=8, description="With engine.kind vllm: vLLM engines the service's workers share, "
+                         "loaded one after another on the same GPU(s), each taking engine.gpu_memory_utilization of "
+                         "it; each request goes to the one with the fewest in progress. More than 1 where a small "
+                         "model's engine core is bound by its own step loop's CPU while the GPU idles (README, "
+                         "stop 36).")
     optimistic: bool = Field(True, description="With an optimistic prompt version (v11, v13): write each answer "
                              "without the grammar first, as the batch does, and generate the few that misfit again "
                              "with it, pinned to the label already sent. Off: every answer guided from its first "
@@ -717,6 +722,12 @@ class QwenSparkConfig(_Section):
     stream: StreamConfig = Field(default_factory=StreamConfig, description="Structured Streaming job.")
     dashboard: DashboardConfig = Field(default_factory=DashboardConfig, description="Web dashboard.")
     serve: ServeConfig = Field(default_factory=ServeConfig, description="Online service.")
+
+    @model_validator(mode="after")
+    def _engines_are_vllms(self) -> QwenSparkConfig:
+        if self.serve.engines > 1 and self.engine.kind != "vllm":
+            raise ValueError(f"serve.engines {self.serve.engines} needs engine.kind vllm (got {self.engine.kind})")
+        return self
 
     def config_hash(self) -> str:
         """Hash of everything that shapes results (recorded in job_runs); holds no secret."""

@@ -465,7 +465,7 @@ def serve(cfg: QwenSparkConfig, host: str | None = None, port: int | None = None
     host, port = host or cfg.serve.host, port or cfg.serve.port
     check_bind(host, cfg.serve.api_key())
     workers = worker_count(cfg)
-    if workers > 1:
+    if workers > 1 or cfg.serve.engines > 1:  # several engines are held by the workers' host, even for one worker
         from qwenspark.serve.workers import supervise
 
         supervise(cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"workers": workers})}), host, port)

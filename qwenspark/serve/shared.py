@@ -4,7 +4,9 @@ a client in each service process, token ids each way over a Unix socket.
 Why: one Python process per engine was the service's bound on a GPU (stop 32: 0.87-0.97 of a core at 100-200
 requests/s while the engine core idled). The work per request that grows with the request rate (HTTP, the guard, the
 token cap, the prompt's ids, the label head, parsing, decoding) now runs in N service processes; the host only hands
-token ids to vLLM's AsyncLLM and its reports back (qwenspark.serve.engine.AsyncVllm.steps).
+token ids to vLLM's AsyncLLM and its reports back (qwenspark.serve.engine.AsyncVllm.steps). With serve.engines > 1
+the host holds that many engines (each its own vLLM engine core on the same GPU) and gives each request to the one
+with the fewest in progress: a small model's engine core is bound by its own step loop's CPU, not by the GPU.
 
 Frames are a 4-byte big-endian length and a JSON object. Client -> host: {"gen": id, "ids", "lang", "retry", "pin"}
 and {"abort": id}; host -> client: the hello {"model", "tokenizer"} once, then {"id", "step": {...}} per report and
@@ -52,14 +54,28 @@ def _forget(tasks: dict[int, asyncio.Task[None]], rid: int, _: asyncio.Task[None
 
 
 class Host:
-    """The shared engine's side: each request a task streaming its steps to the client that asked; a request is
-    aborted (vLLM drops it) when its client says so or goes away."""
+    """The shared engines' side: each request a task streaming its steps to the client that asked, on the engine with
+    the fewest requests in progress (serve.engines); a request is aborted (vLLM drops it) when its client says so or
+    goes away."""
 
-    def __init__(self, engine: AsyncVllm, path: Path) -> None:
-        self.engine, self.path = engine, path
+    def __init__(self, engines: Sequence[AsyncVllm], path: Path) -> None:
+        if not engines:
+            raise ValueError("serve: a shared engine host needs an engine")
+        self.engines, self.path = list(engines), path
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.StreamWriter] = set()
-        self.served = 0  # requests handed to the engine (tests read it)
+        self.served = 0  # requests handed to the engines (tests read it)
+        self.in_progress = [0] * len(self.engines)  # per engine: what the next request's engine is chosen by
+        self._turn = itertools.count()
+
+    def _pick(self) -> int:
+        """The engine with the fewest requests in progress; ties taken in turn, so idle engines share the work."""
+        count = len(self.engines)
+        start = next(self._turn) % count
+        return min(((start + i) % count for i in range(count)), key=self.in_progress.__getitem__)
+
+    def alive(self) -> bool:
+        return all(engine.alive() for engine in self.engines)
 
     async def start(self) -> None:
         self._server = await asyncio.start_unix_server(self._client, path=str(self.path))
@@ -76,7 +92,7 @@ class Host:
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         tasks: dict[int, asyncio.Task[None]] = {}
         self._clients.add(writer)
-        writer.write(_frame({"model": self.engine.model_name, "tokenizer": self.engine.tokenizer_path}))
+        writer.write(_frame({"model": self.engines[0].model_name, "tokenizer": self.engines[0].tokenizer_path}))
         try:
             while True:
                 message = await _read(reader)
@@ -98,8 +114,11 @@ class Host:
             writer.close()
 
     async def _run(self, rid: int, message: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        chosen = self._pick()
+        self.in_progress[chosen] += 1
         try:
-            async for step in self.engine.steps(message["ids"], message["lang"], message["retry"], message["pin"]):
+            engine = self.engines[chosen]
+            async for step in engine.steps(message["ids"], message["lang"], message["retry"], message["pin"]):
                 writer.write(_frame({"id": rid, "step": vars(step)}))  # not asdict: it deep-copies every step
                 if writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()  # a client that stopped reading: hold its requests, not the host's memory
@@ -110,6 +129,8 @@ class Host:
         except Exception as exc:  # a bug here must not leave the request waiting for its deadline
             log.exception("serve: the shared engine's host failed a request")
             writer.write(_frame({"id": rid, "failed": f"{type(exc).__name__}: {exc}"}))
+        finally:
+            self.in_progress[chosen] -= 1
 
 
 class SharedVllm:

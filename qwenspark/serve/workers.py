@@ -44,11 +44,11 @@ def _worker(cfg: QwenSparkConfig, host: str, port: int, *, index: int, ready: Ev
 
 
 class EngineHost:
-    """The shared engine and its socket (qwenspark.serve.shared.Host), on an event loop of their own in a thread of
-    the supervisor; `gone` becomes readable when that thread ends."""
+    """The shared engine (count of them: serve.engines) and its socket (qwenspark.serve.shared.Host), on an event loop
+    of their own in a thread of the supervisor; `gone` becomes readable when that thread ends."""
 
-    def __init__(self, cfg: EngineConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: EngineConfig, count: int = 1) -> None:
+        self.cfg, self.count = cfg, count
         self._dir = Path(tempfile.mkdtemp(prefix="qwenspark-engine-"))  # 0700: only this user reaches the socket
         self.path = self._dir / "engine.sock"
         self._loaded = threading.Event()
@@ -85,24 +85,30 @@ class EngineHost:
         from qwenspark.serve.shared import Host
 
         self._loop, self._stopping = asyncio.get_running_loop(), asyncio.Event()
-        engine = await AsyncVllm.start(self.cfg)  # blocks this loop while it loads: a stop waits for the load
-        host = Host(engine, self.path)
+        engines: list[AsyncVllm] = []
         try:
+            # One after another, as the workers' own engines load: vLLM sizes an engine's memory from what it finds
+            # free on the GPU. Each start blocks this loop while it loads: a stop waits for the load.
+            while len(engines) < self.count and not self._stopping.is_set():
+                engines.append(await AsyncVllm.start(self.cfg))
             if self._stopping.is_set():  # stopped while loading
                 return
+            host = Host(engines, self.path)
             await host.start()
             freeze_heap()
-            log.info("serve: one engine for all workers (%s), on %s", engine.model_name, self.path)
+            log.info("serve: %d engine%s for all workers (%s), on %s", len(engines), "s" if len(engines) > 1 else "",
+                     engines[0].model_name, self.path)
             self._loaded.set()
             while not self._stopping.is_set():
-                if not engine.alive():  # its engine core died: the workers are stopped, the service ends red
+                if not host.alive():  # an engine core died: the workers are stopped, the service ends red
                     raise EngineError("serve: the shared engine died")
                 with suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), 1.0)
             log.info("serve: the shared engine handed %d requests to vLLM", host.served)
             await host.stop()
         finally:
-            await engine.close()
+            for engine in engines:
+                await engine.close()
 
     def stop(self) -> None:
         if self._loop is not None and self._stopping is not None and self._thread.is_alive():
@@ -124,7 +130,7 @@ def supervise(cfg: QwenSparkConfig, host: str, port: int) -> None:
 
     context = multiprocessing.get_context("spawn")  # a forked CUDA context is unusable
     workers: list[Any] = []
-    shared = EngineHost(serve_engine_config(cfg)) if cfg.engine.kind == "vllm" else None
+    shared = EngineHost(serve_engine_config(cfg), cfg.serve.engines) if cfg.engine.kind == "vllm" else None
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         engine_path = shared.start() if shared is not None else None

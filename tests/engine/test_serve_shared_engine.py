@@ -1,5 +1,6 @@
 """`qwenspark serve` with engine.kind vllm, the tiny random Qwen3 through real vLLM: with serve.workers 2 one engine
-core for both service processes, each of them answering; with 1 or 2, an engine core that dies ends the service red.
+core for both service processes, each of them answering; with serve.engines 2 two engine cores, each generating; with
+1 or 2 workers, an engine core that dies ends the service red.
 The processes and their CPU time are read from the operating system (psutil), not from the service."""
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ def _engine_cores(proc: psutil.Process) -> list[psutil.Process]:
     return found
 
 
-def _serve(tmp_path: Path, tiny_model: Path, workers: int, version: str = "v13"
+def _serve(tmp_path: Path, tiny_model: Path, workers: int, version: str = "v13", engines: int = 1
            ) -> tuple[subprocess.Popen[bytes], int]:
     config = tmp_path / "serve.yaml"
     config.write_text(yaml.safe_dump({
         "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 160, "max_model_len": 2048,
                    "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
-        "prompt": {"version": version}, "serve": {"workers": workers, "max_queue": 64},
+        "prompt": {"version": version}, "serve": {"workers": workers, "engines": engines, "max_queue": 64},
     }))
     port = _port()
     server = subprocess.Popen([sys.executable, "-m", "qwenspark.cli", "serve", "--config", str(config), "--port",
@@ -139,6 +140,42 @@ def test_two_service_processes_share_one_engine_and_both_answer(version: str, tm
             assert result["prompt_version"] == version
         spent = {w.pid: sum(w.cpu_times()[:2]) - before[w.pid] for w in workers}
         assert all(s > 0.05 for s in spent.values()), spent  # each service process did work
+    finally:
+        server.send_signal(signal.SIGTERM)
+        rc = server.wait(timeout=120)
+    assert rc == 0
+    assert not _left(everyone, 30), "processes left running"
+
+
+def test_two_engines_behind_one_service_process_both_generate(tmp_path: Path, tiny_model: Path) -> None:
+    # serve.engines 2 with one worker: the host still holds the engines (in the supervisor), and concurrent requests
+    # go to both engine cores: each spends CPU on them (read from the operating system).
+    server, port = _serve(tmp_path, tiny_model, 1, engines=2)
+    supervisor = psutil.Process(server.pid)
+    everyone: list[psutil.Process] = []
+    try:
+        deadline = time.time() + 300
+        while not _healthy(port) and time.time() < deadline:
+            assert server.poll() is None, "the service exited"
+            time.sleep(1)
+        cores = _engine_cores(supervisor)
+        assert len(cores) == 2 and all(c.ppid() == supervisor.pid for c in cores), cores
+        everyone = [supervisor, *supervisor.children(recursive=True)]
+        before = {c.pid: sum(c.cpu_times()[:2]) for c in cores}
+
+        def post(i: int) -> httpx.Response:
+            text, lang = SAMPLE_REVIEWS[i % len(SAMPLE_REVIEWS)]
+            return httpx.post(f"http://127.0.0.1:{port}/v1/analyze", json={"text": text, "lang": lang,
+                                                                           "review_id": i}, timeout=120)
+
+        with ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(post, range(18)))
+        for i, response in enumerate(responses):
+            assert response.status_code == 200, response.text
+            [result] = response.json()["results"]
+            assert result["review_id"] == i and result["error"] is None and result["tokens_out"] > 0, result
+        spent = {c.pid: sum(c.cpu_times()[:2]) - before[c.pid] for c in cores}
+        assert all(s > 0.2 for s in spent.values()), spent  # each engine core generated
     finally:
         server.send_signal(signal.SIGTERM)
         rc = server.wait(timeout=120)

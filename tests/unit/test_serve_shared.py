@@ -40,6 +40,7 @@ class FakeEngine:
     model_name, tokenizer_path = "test", "unused"
 
     def __init__(self) -> None:
+        self.running = self.most_running = 0
         self.started: list[str] = []
         self.finished: list[str] = []
         self.cancelled: list[str] = []
@@ -53,6 +54,8 @@ class FakeEngine:
         if prompt == "FAIL":
             raise EngineError("vllm: EngineDeadError")
         answer = [ord(c) for c in "positive\n" + prompt[::-1]]
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
         try:
             for n in range(1, len(answer) + 1):
                 await asyncio.sleep(0.005)
@@ -63,13 +66,15 @@ class FakeEngine:
         except asyncio.CancelledError:
             self.cancelled.append(prompt)
             raise
+        finally:
+            self.running -= 1
 
 
 @asynccontextmanager
-async def _pair(tmp_path: Path, engine: FakeEngine,
+async def _pair(tmp_path: Path, engine: FakeEngine | list[FakeEngine],
                 lost: list[bool] | None = None) -> AsyncIterator[tuple[Host, SharedVllm]]:
-    """A host serving engine and one client connected to it, both closed at the end."""
-    host = Host(engine, tmp_path / "engine.sock")  # type: ignore[arg-type]
+    """A host serving engine (or engines) and one client connected to it, both closed at the end."""
+    host = Host(engine if isinstance(engine, list) else [engine], tmp_path / "engine.sock")  # type: ignore[arg-type]
     await host.start()
     reader, writer = await asyncio.open_unix_connection(str(host.path))
     hello = await shared._read(reader)
@@ -166,3 +171,45 @@ def test_a_client_sending_garbage_is_dropped_and_the_others_go_on(tmp_path: Path
             assert (await _answer(client, "still serving"))[-1].done is not None
 
     asyncio.run(go())
+
+
+def test_several_engines_share_the_requests_each_taking_the_next_when_it_has_fewest(tmp_path: Path) -> None:
+    # serve.engines 3: 31 concurrent requests spread 11/10/10 (the fewest in progress, ties in turn); answers as with
+    # one engine; the host's count of requests in progress is back to 0 for each, cancelled ones included.
+    async def go() -> None:
+        engines = [FakeEngine() for _ in range(3)]
+        async with _pair(tmp_path, engines) as (host, client):
+            texts = [f"review number {i}" for i in range(31)]
+            answers = await asyncio.gather(*(_answer(client, text) for text in texts))
+            for text, parts in zip(texts, answers, strict=True):
+                assert parts[-1].done is not None and parts[-1].done.text == "positive\n" + text[::-1]
+            assert sorted(len(e.finished) for e in engines) == [10, 10, 11]
+            assert sorted(t for e in engines for t in e.finished) == sorted(texts)
+            assert [e.most_running for e in engines] == [len(e.finished) for e in engines]  # all at once
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(_answer(client, "x" * 400), 0.2)
+            for _ in range(100):
+                if any(e.cancelled for e in engines):
+                    break
+                await asyncio.sleep(0.01)
+            assert sum(len(e.cancelled) for e in engines) == 1 and host.in_progress == [0, 0, 0]
+            # One after another, each request finds every engine idle: they take turns.
+            for i in range(3):
+                await _answer(client, f"alone {i}")
+            assert all(any(t.startswith("alone") for t in e.finished) for e in engines)
+
+    asyncio.run(go())
+
+
+def test_a_host_with_several_engines_is_dead_when_any_engine_is() -> None:
+    class Engine:
+        def __init__(self, alive: bool) -> None:
+            self._alive = alive
+
+        def alive(self) -> bool:
+            return self._alive
+
+    assert Host([Engine(True), Engine(True)], Path("unused")).alive()  # type: ignore[list-item]
+    assert not Host([Engine(True), Engine(False)], Path("unused")).alive()  # type: ignore[list-item]
+    with pytest.raises(ValueError):
+        Host([], Path("unused"))
