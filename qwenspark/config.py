@@ -725,8 +725,12 @@ class QwenSparkConfig(_Section):
 
     @model_validator(mode="after")
     def _engines_are_vllms(self) -> QwenSparkConfig:
-        if self.serve.engines > 1 and self.engine.kind != "vllm":
-            raise ValueError(f"serve.engines {self.serve.engines} needs engine.kind vllm (got {self.engine.kind})")
+        engines, share = self.serve.engines, self.engine.gpu_memory_utilization
+        if engines > 1 and self.engine.kind != "vllm":
+            raise ValueError(f"serve.engines {engines} needs engine.kind vllm (got {self.engine.kind})")
+        if engines > 1 and share is not None and engines * share > 0.95:
+            raise ValueError(f"serve.engines {engines} x engine.gpu_memory_utilization {share} leaves the GPU no "
+                             "room: each engine takes that share of it (e.g. 0.3 for 3 engines)")
         return self
 
     def config_hash(self) -> str:

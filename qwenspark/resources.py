@@ -185,10 +185,10 @@ def pin_threads(cfg: EngineConfig, cores: int, gpus: Sequence[str] = ()) -> tupl
 
     Spark sets OMP_NUM_THREADS to spark.task.cpus (1 by default) in every Python worker, which leaves a CPU
     engine on one thread. The values go into the engine's env (set before torch/vllm are imported); what the
-    user put in engine.env wins. An engine on GPUs (the task's, gpus) is left as it is: its threads only feed
-    the GPU (engines.vllm.GPU_ENV decides them).
+    user put in engine.env wins. An engine on GPUs (the task's, gpus, or engine.device cuda) is left as it is: its
+    threads only feed the GPU (engines.vllm.GPU_ENV decides them).
     """
-    if gpus:
+    if gpus or cfg.device == "cuda":
         return cfg, []
     env = dict(cfg.env)
     bound: list[int] = []

@@ -215,3 +215,11 @@ def test_max_error_rate_is_a_share() -> None:
     for bad in ("-0.1", "1.5"):
         with pytest.raises(ConfigError, match=r"job\.max_error_rate"):
             load_config(LOCAL, [f"job.max_error_rate={bad}"])
+
+
+def test_several_service_engines_need_vllm_and_room_on_the_gpu() -> None:
+    assert load_config(LOCAL, ["serve.engines=3", "engine.gpu_memory_utilization=0.3"]).serve.engines == 3
+    with pytest.raises(ConfigError, match=r"needs engine\.kind vllm"):
+        load_config(LOCAL, ["serve.engines=2", "engine.kind=transformers"])
+    with pytest.raises(ConfigError, match="leaves the GPU no room"):
+        load_config(LOCAL, ["serve.engines=3", "engine.gpu_memory_utilization=0.35"])

@@ -288,8 +288,8 @@ def test_an_engine_on_gpus_keeps_its_threads_unpinned(clean_env: pytest.MonkeyPa
     clean_env.setenv("QWENSPARK_CLAIMS_DIR", str(tmp_path))
     clean_env.setattr(resources, "_CLAIMS", {})
     clean_env.setattr(resources, "_BINDINGS", {})
-    cfg = engine()
-    assert resources.pin_threads(cfg, 4, ["0"]) == (cfg, [])
+    for cfg, gpus in ((engine(), ["0"]), (engine(device="cuda"), [])):
+        assert resources.pin_threads(cfg, 4, gpus) == (cfg, [])
     assert resources.claimed("core-") == []
     try:
         assert resources.pin_threads(engine(), 4)[0].env["OMP_NUM_THREADS"] == "4"  # a CPU engine still gets them
