@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from qwenspark.errors import RequestError
 from qwenspark.faults import failpoint
 from qwenspark.guard import strip_directives
 from qwenspark.label_head import get_head
+from qwenspark.optimism import PROBE_EVERY, Optimism
 from qwenspark.parse import Parsed, aspects_json, grammar_misfit, needs_repair, parse_completion
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.resources import pin_task_gpus, pin_threads
@@ -99,6 +101,8 @@ def make_analyze_fn(
     def analyze_partition(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
         _worker_logging()
         engine: Engine | None = None
+        optimism: Optimism | None = None
+        told = False
         feed: ContinuousFeed | None = None
         done = 0
         where = ""
@@ -108,12 +112,20 @@ def make_analyze_fn(
                     # Loaded lazily: an empty partition never loads a model. GPUs and threads are pinned first,
                     # before anything imports torch or vllm.
                     engine, where = _engine_for_task(spec, metrics, engine_factory)
+                    optimism = _optimism(engine, templated(spec.engine, spec.prompt_version))
                     if spec.engine.continuous and isinstance(engine, StreamingEngine):
                         feed = ContinuousFeed(engine, spec.engine.max_in_flight or 2 * spec.engine.batch_size)
                 if metrics is not None:
                     metrics.batch_sizes.add({str(len(chunk)): 1})
                 failpoint("analyze.batch", done)  # executor side, before each batch (the kill tests)
-                batch = PreparedBatch(engine, chunk, spec)
+                chosen = optimism.choose() if optimism is not None else None
+                if optimism is not None and chosen is False and not told:
+                    told = True  # once a task: the rule's state for the user, not a line per batch
+                    log.info("optimistic first answers fit %.0f %% of the recent ones (engine.optimistic_min_fit "
+                             "%.2f): batches guided from the first token, one in %d still without the grammar",
+                             100 * (optimism.share() or 0.0), spec.engine.optimistic_min_fit,
+                             PROBE_EVERY)
+                batch = PreparedBatch(engine, chunk, spec, optimistic=chosen, optimism=optimism)
                 if metrics is not None and metrics.guarded is not None and batch.guarded:
                     metrics.guarded.add(len(batch.guarded))
                 ready = [(batch, batch.run_sync(engine))] if feed is None else [(b, b.frame()) for b in feed.add(batch)]
@@ -175,6 +187,20 @@ def _engine_for_task(
     return engine, where
 
 
+# Each engine's share of fitting first answers (engine.optimistic_min_fit), kept for as long as this process keeps the
+# engine (engines.cache): its batches across tasks read the same window.
+_OPTIMISM: weakref.WeakKeyDictionary[Engine, Optimism] = weakref.WeakKeyDictionary()
+
+
+def _optimism(engine: Engine, settings: EngineConfig) -> Optimism | None:
+    """The rule deciding whether engine's next batch is written optimistically; None for an engine that never is."""
+    if not settings.optimistic or settings.optimistic_min_fit <= 0:
+        return None
+    if engine not in _OPTIMISM:
+        _OPTIMISM[engine] = Optimism(settings.optimistic_min_fit, settings.optimistic_window)
+    return _OPTIMISM[engine]
+
+
 def _ranges(cores: Sequence[int]) -> str:
     """[0, 1, 2, 5] -> "0-2,5"."""
     spans: list[list[int]] = []
@@ -213,7 +239,7 @@ class PreparedBatch:
     """One fixed-size batch: prompts built, clean errors kept, result slots waiting to be filled."""
 
     def __init__(self, engine: Tokenizing, chunk: pd.DataFrame, spec: AnalyzeSpec, *,
-                 optimistic: bool | None = None) -> None:
+                 optimistic: bool | None = None, optimism: Optimism | None = None) -> None:
         missing = [c for c in EXECUTOR_IN_SCHEMA.fieldNames() if c not in chunk.columns]
         if missing:
             raise ValueError(f"analyze stage: input lacks columns {missing}")
@@ -225,6 +251,10 @@ class PreparedBatch:
         # optimistic: the engine's first attempts are unguided (default: as the version says; the service decides).
         self.repairs = bool(settings.repair_penalty)
         self.optimistic = settings.optimistic if optimistic is None else optimistic
+        # optimism (given for an optimistic engine only): a batch its share of fitting answers sends guided from the
+        # first token asks for the grammar's settings, as a retry does; optimistic first attempts feed that share.
+        self.first_retry: Retry | None = "grammar" if optimism is not None and not self.optimistic else None
+        self.optimism = optimism if self.optimistic else None
         self.summary_rules = (settings.summary_max_chars, settings.summary_script)
         self.repaired: dict[int, Retry] = {}  # conversations generated a second time, and with which settings
         # Loaded once per process, so a head's file is read on the executor when its first batch arrives.
@@ -288,6 +318,8 @@ class PreparedBatch:
             done.text, done.finish_reason, self.aspect_map, self.answer_format)
         if j not in self.repaired and isinstance(done, Completion) and parsed is not None:
             retry = self._retry(done, parsed, self.langs[i])
+            if self.optimism is not None:
+                self.optimism.record(retry is None)
             if retry is not None:
                 self.repaired[j] = retry
                 self.tokens_out[i] += done.tokens_out  # the first answer's tokens were spent too
@@ -356,7 +388,7 @@ class PreparedBatch:
         """One synchronous engine call for the whole batch (engines without a continuous feed)."""
         started = time.perf_counter()
         langs = [self.langs[i] for i in self.todo]
-        completions = generate_isolating(engine, self.conversations, langs)
+        completions = generate_isolating(engine, self.conversations, langs, retry=self.first_retry)
         batch_ms = int((time.perf_counter() - started) * 1000)
         again: dict[Retry, list[int]] = {}
         for j, done in enumerate(completions):
@@ -458,7 +490,7 @@ class ContinuousFeed:
         """Submit a batch; step the engine while too much is in flight; return batches now complete, in order."""
         self.pending.append(batch)
         for j in range(len(batch.conversations)):
-            self._submit(batch, j, time.perf_counter())
+            self._submit(batch, j, time.perf_counter(), batch.first_retry)
         while len(self.owner) > self.max_in_flight:
             self._step()
         return self._complete_head()

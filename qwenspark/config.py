@@ -333,6 +333,14 @@ class EngineConfig(_Section):
         "again with the grammar, so every stored answer fits it. The job sets it from prompt.version's template; leave "
         "it unset.",
     )
+    optimistic_min_fit: float = Field(
+        0.6, ge=0.0, le=1.0, description="With an optimistic prompt version, batch and stream: while fewer than this "
+        "share of an engine's last engine.optimistic_window first answers fit the grammar, its next batches are "
+        "guided from their first token (one batch in 20 still goes without it, so the share stays measured): a "
+        "model whose answers mostly misfit would write most of them twice. 0: always optimistic. The service has "
+        "its own (serve.optimistic_min_fit).",
+    )
+    optimistic_window: int = Field(200, ge=4, description="First answers the fitting share is read over (per engine).")
     repair_penalty: float | None = Field(
         None, ge=0.0, le=2.0, description="An answer cut by max_tokens or with a looping summary is generated once "
         "more with this frequency penalty (None or 0: stored as it came). The job sets it from prompt.version's "

@@ -38,9 +38,9 @@ from qwenspark.config import EngineConfig, QwenSparkConfig
 from qwenspark.engines.base import Retry, refusal
 from qwenspark.errors import ConfigError, EngineError, RequestError
 from qwenspark.models.identity import model_identity
+from qwenspark.optimism import Optimism
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS
 from qwenspark.serve.engine import ServeEngine
-from qwenspark.serve.optimism import Optimism
 from qwenspark.serve.pauses import Pauses, freeze_heap
 
 log = logging.getLogger("qwenspark.serve")
@@ -244,7 +244,7 @@ class Service:
         if self.optimism is not None and not optimistic:
             self.metrics.guided_first.inc(len(rows))
         batch = PreparedBatch(self.engine, pd.DataFrame(rows, columns=CLEAN_SCHEMA.fieldNames()), self.spec,
-                              optimistic=optimistic)
+                              optimistic=optimistic, optimism=self.optimism)
         for i, error in enumerate(batch.errors):
             if error is not None:  # the guard left nothing but instructions to the model
                 raise Refused(400, f"reviews[{i}].text: {error}")
@@ -277,9 +277,9 @@ class Service:
                       waiting: list[bool]) -> None:
         conversation, lang = batch.conversations[j], batch.langs[batch.todo[j]]
         # An optimistic engine's first attempt is unguided; a request the share of fitting answers sends guided from
-        # its first token asks for the grammar's settings, as a retry without a pin.
-        retry: Retry | None = "grammar" if self.optimism is not None and not batch.optimistic else None
-        first = batch.optimistic  # an optimistic first attempt, whose outcome feeds the share
+        # its first token asks for the grammar's settings, as a retry without a pin (batch.fill records the outcome
+        # of an optimistic first attempt in the share).
+        retry: Retry | None = batch.first_retry
         # Once the label is sent, a retry (an optimistic answer that misfits the grammar, a cut or looping one) is
         # pinned to the model label it was sent from, and the row keeps the label sent: what the client was told
         # is what is stored.
@@ -304,9 +304,6 @@ class Service:
                 raise EngineError("serve: the engine ended a request without an answer")
             self.metrics.generated(done.tokens_out)
             retry = batch.fill(j, done, _ms(started))
-            if first and self.optimism is not None:
-                self.optimism.record(retry is None)
-                first = False
             if retry is None:
                 if sent is not None:
                     batch.keep_label(j, sent)

@@ -220,3 +220,80 @@ def test_each_request_carries_its_reviews_language(continuous: bool) -> None:
     assert len(out) == 5 and len(made) == 1
     assert made[0].langs == ["zh", "en", "zh", "fr"]
     cache.clear()
+
+
+class MisfitLines(FakeEngine):
+    """v13's lines, by generate or submit/step: a first attempt (no retry) whose summary is over the grammar's bound
+    unless `fits`; any retry short and valid. Records each request's retry (what the assertions read)."""
+
+    model_name = "misfit-lines"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fits = False
+        self.retries: list[str | None] = []
+        self._done: list[tuple[str, Completion]] = []
+
+    def _answer(self, retry: str | None) -> Completion:
+        self.retries.append(retry)
+        long = ("The guest found the room dirty, the staff slow to help, the breakfast cold and the street noisy all "
+                "night.")
+        summary = "Short." if retry is not None or self.fits else long
+        return Completion(f'negative\n"{summary}"\nroom:negative', "stop", 100, 20)
+
+    def generate(self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None,
+                 retry: str | None = None) -> list[Completion]:
+        return [self._answer(retry) for _ in conversations]
+
+    def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: str | None = None) -> str:
+        rid = f"r{len(self.retries)}"
+        self._done.append((rid, self._answer(retry)))
+        return rid
+
+    def step(self) -> list[tuple[str, Completion | str]]:
+        done, self._done = self._done, []
+        return list(done)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_batches_go_guided_from_the_first_token_while_optimistic_answers_misfit(continuous: bool) -> None:
+    # engine.optimistic_min_fit (0.6) over a window of 8 first answers: the first batch (2 reviews) is written
+    # without the grammar and both misfit, so the next batches ask for the grammar from their first token ("grammar"
+    # on the first request, no second attempt), but for one batch in 20 (a probe); once the probes fit, the share
+    # climbs back over 0.6 and batches are optimistic again. Every row is stored valid throughout.
+    cache.clear()
+    engine = MisfitLines()
+    spec = AnalyzeSpec(engine=EngineConfig(model="fake", batch_size=2, optimistic_window=8, continuous=continuous,
+                                           max_in_flight=1), prompt_version="v13", max_review_tokens=50)
+    fn = make_analyze_fn(spec, engine_factory=lambda cfg: engine)
+
+    def run(rows: int) -> pd.DataFrame:
+        out = pd.concat(list(fn(iter([_frame(["The room was dirty."] * rows)]))))
+        assert len(out) == rows and out["error"].isna().all() and (out["sentiment"] == "negative").all()
+        return out
+
+    run(60)  # 30 batches: optimistic, then guided but for the probe (the 20th guided choice, batch 21)
+    misfit = [None, None, "grammar", "grammar"]  # a batch written without the grammar: 2 first answers, 2 retries
+    guided = ["grammar", "grammar"]
+    assert engine.retries == misfit + guided * 19 + misfit + guided * 9
+    engine.retries.clear()
+    engine.fits = True
+    # 60 batches: the probes at the 40th, 60th and 80th guided choices fit (2 of 6, 4 of 8, then 6 of 8 once the
+    # first batch's misfits leave the window): optimistic from there on, and fitting (no second attempts).
+    run(2 * 60)
+    fit = [None, None]
+    assert engine.retries == guided * 10 + fit + guided * 19 + fit + guided * 19 + fit + fit * 9
+    cache.clear()
+
+
+def test_an_optimistic_engine_stays_optimistic_with_min_fit_zero() -> None:
+    cache.clear()
+    engine = MisfitLines()
+    spec = AnalyzeSpec(engine=EngineConfig(model="fake", batch_size=2, optimistic_window=8, optimistic_min_fit=0.0,
+                                           continuous=False), prompt_version="v13", max_review_tokens=50)
+    out = pd.concat(list(make_analyze_fn(spec, engine_factory=lambda cfg: engine)(iter([_frame(["Dirty."] * 20)]))))
+    assert len(out) == 20 and engine.retries == [None, None, "grammar", "grammar"] * 10
+    cache.clear()

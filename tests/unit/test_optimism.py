@@ -3,7 +3,7 @@ the share but for probes, and on again once the probes show the answers fitting.
 
 from __future__ import annotations
 
-from qwenspark.serve.optimism import PROBE_EVERY, Optimism
+from qwenspark.optimism import PROBE_EVERY, Optimism
 
 
 def test_optimism_follows_the_share_of_fitting_first_answers_both_ways() -> None:

@@ -1,4 +1,5 @@
-"""Whether a request's first attempts go without the grammar: while the recent share of fitting first answers pays."""
+"""Whether first attempts go without the grammar: while the recent share of fitting first answers pays (the service per
+request, the executor function per batch)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ PROBE_EVERY = 20
 
 
 class Optimism:
-    """The service's choice per request (serve.optimistic_min_fit): optimistic until the last `window` first answers
-    show fewer than `min_fit` fitting the grammar, then guided from the first token but for one probe in PROBE_EVERY.
-    Optimistic while a quarter of the window is not yet seen (a start with too few answers to judge)."""
+    """The choice per request or batch (serve.optimistic_min_fit, engine.optimistic_min_fit): optimistic until the
+    last `window` first answers show fewer than `min_fit` fitting the grammar, then guided from the first token but
+    for one probe in PROBE_EVERY. Optimistic while a quarter of the window is not yet seen (a start with too few
+    answers to judge)."""
 
     def __init__(self, min_fit: float, window: int) -> None:
         self.min_fit, self._learning = min_fit, max(1, window // 4)
