@@ -1,0 +1,83 @@
+"""The executor function with an optimistic prompt version on a model whose unguided answers mostly misfit: always
+optimistic (engine.optimistic_min_fit 0) against the rule (qwenspark/optimism.py), in one run on one engine.
+
+The embedded 0.5B writes v13's lines unguided so that about a fifth fit the grammar (README, stop 35): always
+optimistic, four in five reviews are written twice. The rule's window is shortened (--window) so that it judges within
+the few dozen reviews a CPU run can afford; each side sees the same reviews, on its own copy (a run tag in each
+text, so neither reuses the other's prompt KV cache beyond the shared prefix); sides alternate, the first run of each
+untimed (warm-up).
+
+    .venv/bin/python bench/batch_optimism.py --rows 32 --repeats 2 --json-out bench/results/batch_optimism_cpu.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.alternate import arguments, demo_rows  # noqa: E402
+from qwenspark.analyze import AnalyzeSpec, make_analyze_fn, templated  # noqa: E402
+from qwenspark.config import load_config  # noqa: E402
+from qwenspark.engines import build_engine  # noqa: E402
+
+
+def main() -> int:
+    p = arguments(__doc__ or "", ROOT)
+    p.add_argument("--window", type=int, default=8, help="engine.optimistic_window of the rule's side")
+    p.add_argument("--version", default="v13", help="an optimistic prompt version")
+    args = p.parse_args()
+    import pandas as pd
+
+    cores = len(os.sched_getaffinity(0))
+    cfg = load_config(ROOT / "conf" / "local.yaml", [
+        f"engine.model={args.model}", "engine.default_model=false", f"engine.batch_size={args.batch_size}",
+        f"prompt.version={args.version}", f"engine.optimistic_window={args.window}",
+        f"engine.env.VLLM_CPU_OMP_THREADS_BIND=0-{cores - 1}", f"engine.env.OMP_NUM_THREADS={cores}"])
+    settings = templated(cfg.engine, args.version)
+    if not settings.optimistic:
+        raise SystemExit(f"prompt {args.version} is not optimistic: nothing to compare")
+    engine = build_engine(settings)  # one engine for both sides: the same weights, threads and prefix cache
+    rows = demo_rows(ROOT, args.rows)
+
+    def frame(tag: str) -> pd.DataFrame:
+        return pd.DataFrame({
+            "review_id": range(len(rows)), "hotel_id": [r[1] for r in rows],
+            "created_at": pd.Timestamp("2026-11-01"), "lang": [r[3] for r in rows],
+            "text": [f"{r[5]} ({tag})" for r in rows], "input_key": "k", "clean_error": None})
+
+    sides = {name: make_analyze_fn(AnalyzeSpec(
+        engine=cfg.engine.model_copy(update={"optimistic_min_fit": fit}), prompt_version=args.version,
+        max_review_tokens=cfg.clean.max_review_tokens), engine_factory=lambda _: engine)
+        for name, fit in (("always", 0.0), ("rule", cfg.engine.optimistic_min_fit))}
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
+    for repeat in range(args.repeats + 1):
+        for name, fn in (sides.items() if repeat % 2 == 0 else reversed(sides.items())):
+            started = time.perf_counter()
+            out = pd.concat(list(fn(iter([frame(f"{name} {repeat}")]))))
+            seconds = time.perf_counter() - started
+            assert len(out) == len(rows)
+            if repeat:  # the first run of each side warms it
+                runs[name].append({"seconds": round(seconds, 2), "reviews_per_s": round(len(rows) / seconds, 3),
+                                   "tokens_out_per_review": round(float(out["tokens_out"].mean()), 1),
+                                   "error_rows": int(out["error"].notna().sum())})
+            print(name, repeat, round(seconds, 1), "s", file=sys.stderr, flush=True)
+    engine.close()
+    medians = {name: sorted(r["reviews_per_s"] for r in rs)[len(rs) // 2] for name, rs in runs.items()}
+    figures = {"model": Path(args.model).name, "prompt_version": args.version, "rows": len(rows),
+               "batch_size": args.batch_size, "window": args.window, "min_fit": cfg.engine.optimistic_min_fit,
+               "runs": runs, "median_reviews_per_s": medians,
+               "rule_vs_always": round(medians["rule"] / medians["always"], 3)}
+    print(json.dumps(figures))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(figures, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
