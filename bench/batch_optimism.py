@@ -3,20 +3,23 @@ optimistic (engine.optimistic_min_fit 0) against the rule (qwenspark/optimism.py
 
 The embedded 0.5B writes v13's lines unguided so that about a fifth fit the grammar (README, stop 35): always
 optimistic, four in five reviews are written twice. The rule's window is shortened (--window) so that it judges within
-the few dozen reviews a CPU run can afford; each side sees the same reviews, on its own copy (a run tag in each
-text, so neither reuses the other's prompt KV cache beyond the shared prefix); sides alternate, the first run of each
-untimed (warm-up).
+the few dozen reviews a CPU run can afford, and batches are small (the rule decides per batch). Each side sees the same
+reviews on its own copy (a run tag in each text, so neither reuses the other's prompt KV cache beyond the shared
+prefix); the sides alternate, the first run of each untimed (warm-up; the rule's share is learned there).
 
-    .venv/bin/python bench/batch_optimism.py --rows 32 --repeats 2 --json-out bench/results/batch_optimism_cpu.json
+    .venv/bin/python bench/batch_optimism.py --rows 32 --batch-size 4 --repeats 2 \\
+        --json-out bench/results/batch_optimism_cpu.json
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -51,9 +54,20 @@ def main() -> int:
             "created_at": pd.Timestamp("2026-11-01"), "lang": [r[3] for r in rows],
             "text": [f"{r[5]} ({tag})" for r in rows], "input_key": "k", "clean_error": None})
 
+    class Kept:
+        """The one engine, under each side's settings (the engine cache closes an engine whose settings change)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(engine, name)
+
+        def close(self) -> None:
+            pass
+
+    # One view per side, kept across its runs: the rule's share lives as long as the engine does (per process).
+    views = {"always": Kept(), "rule": Kept()}
     sides = {name: make_analyze_fn(AnalyzeSpec(
         engine=cfg.engine.model_copy(update={"optimistic_min_fit": fit}), prompt_version=args.version,
-        max_review_tokens=cfg.clean.max_review_tokens), engine_factory=lambda _: engine)
+        max_review_tokens=cfg.clean.max_review_tokens), engine_factory=lambda _, view=views[name]: view)
         for name, fit in (("always", 0.0), ("rule", cfg.engine.optimistic_min_fit))}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
     for repeat in range(args.repeats + 1):
@@ -68,7 +82,7 @@ def main() -> int:
                                    "error_rows": int(out["error"].notna().sum())})
             print(name, repeat, round(seconds, 1), "s", file=sys.stderr, flush=True)
     engine.close()
-    medians = {name: sorted(r["reviews_per_s"] for r in rs)[len(rs) // 2] for name, rs in runs.items()}
+    medians = {name: round(statistics.median(r["reviews_per_s"] for r in rs), 3) for name, rs in runs.items()}
     figures = {"model": Path(args.model).name, "prompt_version": args.version, "rows": len(rows),
                "batch_size": args.batch_size, "window": args.window, "min_fit": cfg.engine.optimistic_min_fit,
                "runs": runs, "median_reviews_per_s": medians,
