@@ -196,9 +196,12 @@ def _optimism(engine: Engine, settings: EngineConfig) -> Optimism | None:
     """The rule deciding whether engine's next batch is written optimistically; None for an engine that never is."""
     if not settings.optimistic or settings.optimistic_min_fit <= 0:
         return None
-    if engine not in _OPTIMISM:
-        _OPTIMISM[engine] = Optimism(settings.optimistic_min_fit, settings.optimistic_window)
-    return _OPTIMISM[engine]
+    try:
+        if engine not in _OPTIMISM:
+            _OPTIMISM[engine] = Optimism(settings.optimistic_min_fit, settings.optimistic_window)
+        return _OPTIMISM[engine]
+    except TypeError:  # a custom engine that takes no weak reference (__slots__): a share for this task only
+        return Optimism(settings.optimistic_min_fit, settings.optimistic_window)
 
 
 def _ranges(cores: Sequence[int]) -> str:

@@ -297,3 +297,15 @@ def test_an_optimistic_engine_stays_optimistic_with_min_fit_zero() -> None:
     out = pd.concat(list(make_analyze_fn(spec, engine_factory=lambda cfg: engine)(iter([_frame(["Dirty."] * 20)]))))
     assert len(out) == 20 and engine.retries == [None, None, "grammar", "grammar"] * 10
     cache.clear()
+
+
+def test_the_rule_works_for_an_engine_that_takes_no_weak_reference() -> None:
+    from qwenspark.analyze import _optimism
+
+    class Slotted:
+        __slots__ = ("model_name",)
+
+    settings = EngineConfig(model="fake", optimistic=True)
+    rule = _optimism(Slotted(), settings)  # type: ignore[arg-type]
+    assert rule is not None and rule.choose()
+    assert _optimism(Slotted(), settings.model_copy(update={"optimistic_min_fit": 0.0})) is None  # type: ignore[arg-type]
