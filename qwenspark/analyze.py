@@ -123,8 +123,7 @@ def make_analyze_fn(
                     told = True  # once a task: the rule's state for the user, not a line per batch
                     log.info("optimistic first answers fit %.0f %% of the recent ones (engine.optimistic_min_fit "
                              "%.2f): batches guided from the first token, one in %d still without the grammar",
-                             100 * (optimism.share() or 0.0), spec.engine.optimistic_min_fit,
-                             PROBE_EVERY)
+                             100 * (optimism.share() or 0.0), optimism.min_fit, PROBE_EVERY)
                 batch = PreparedBatch(engine, chunk, spec, optimistic=chosen, optimism=optimism)
                 if metrics is not None and metrics.guarded is not None and batch.guarded:
                     metrics.guarded.add(len(batch.guarded))
