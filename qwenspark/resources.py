@@ -221,6 +221,29 @@ def _bind_cores(cores: int) -> list[int]:
     return []
 
 
+def share_cores(cfg: EngineConfig, count: int, cores: Sequence[int]) -> list[EngineConfig]:
+    """cfg for each of `count` vLLM engines of one process (serve.engines), each bound to cores of its own on a CPU.
+
+    vLLM's automatic binding puts every engine of a host on the same cores (one NUMA node less a core kept for the
+    engine core's scheduler): two engines' OpenMP threads then spin against each other on the same cores, which
+    stalled a two-engine service on a two-core CI host beyond its 30 s request timeout. Each engine gets an equal
+    run of the cores instead, after a core per engine kept for the schedulers when there are enough (vLLM sets an
+    engine's OpenMP thread count to its cores). On a GPU vLLM ignores the binding. A binding in engine.env wins.
+    """
+    env = cfg.env
+    if count == 1 or "VLLM_CPU_OMP_THREADS_BIND" in env:
+        return [cfg] * count
+    ordered = sorted(cores)
+    if len(ordered) < count:  # fewer cores than engines: unbound, one thread each
+        binds = [{"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}] * count
+    else:
+        usable = ordered[: len(ordered) - count] if len(ordered) >= 2 * count else ordered
+        size = len(usable) // count
+        binds = [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in usable[i * size : (i + 1) * size])}
+                 for i in range(count)]
+    return [cfg.model_copy(update={"env": {**env, **bind}}) for bind in binds]
+
+
 def driver_only(what: str = "this function") -> None:
     """Raise when called inside a Spark task: driver-side checks read the driver's conf, not a task's."""
     from pyspark import TaskContext

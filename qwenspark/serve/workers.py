@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ from typing import Any
 
 from qwenspark.config import EngineConfig, QwenSparkConfig
 from qwenspark.errors import EngineError
+from qwenspark.resources import share_cores
 
 log = logging.getLogger("qwenspark.serve")
 
@@ -89,8 +91,13 @@ class EngineHost:
         try:
             # One after another, as the workers' own engines load: vLLM sizes an engine's memory from what it finds
             # free on the GPU. Each start blocks this loop while it loads: a stop waits for the load.
-            while len(engines) < self.count and not self._stopping.is_set():
-                engines.append(await AsyncVllm.start(self.cfg))
+            for cfg in share_cores(self.cfg, self.count, list(os.sched_getaffinity(0))):
+                if self._stopping.is_set():
+                    break
+                if self.count > 1:
+                    log.info("serve: engine %d of %d, CPU threads bound to %s", len(engines) + 1, self.count,
+                             cfg.env.get("VLLM_CPU_OMP_THREADS_BIND"))
+                engines.append(await AsyncVllm.start(cfg))
             if self._stopping.is_set():  # stopped while loading
                 return
             host = Host(engines, self.path)

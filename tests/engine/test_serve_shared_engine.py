@@ -49,7 +49,8 @@ def _serve(tmp_path: Path, tiny_model: Path, workers: int, version: str = "v13",
     config.write_text(yaml.safe_dump({
         "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 160, "max_model_len": 2048,
                    "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
-        "prompt": {"version": version}, "serve": {"workers": workers, "engines": engines, "max_queue": 64},
+        "prompt": {"version": version}, "serve": {"workers": workers, "engines": engines, "max_queue": 64,
+                  "request_timeout_s": 120},  # a shared CI host, not a latency check
     }))
     port = _port()
     server = subprocess.Popen([sys.executable, "-m", "qwenspark.cli", "serve", "--config", str(config), "--port",
@@ -160,6 +161,10 @@ def test_two_engines_behind_one_service_process_both_generate(tmp_path: Path, ti
             time.sleep(1)
         cores = _engine_cores(supervisor)
         assert len(cores) == 2 and all(c.ppid() == supervisor.pid for c in cores), cores
+        # Each engine's OpenMP threads on cores of their own (vLLM's automatic binding gave both the same core,
+        # which stalled this test on a two-core CI host): the CPU affinity vLLM gave each engine's worker process.
+        bound = [{cpu for w in c.children(recursive=True) for cpu in w.cpu_affinity()} for c in cores]
+        assert bound[0] and bound[1] and not bound[0] & bound[1], bound
         everyone = [supervisor, *supervisor.children(recursive=True)]
         before = {c.pid: sum(c.cpu_times()[:2]) for c in cores}
 

@@ -308,6 +308,34 @@ def test_the_gpu_environment_sits_under_the_users() -> None:
     gpu_env(environ, chosen={"OMP_NUM_THREADS": "4"})
     assert environ == {"OMP_NUM_THREADS": "4"}
 
+
+@pytest.mark.parametrize(("count", "cores", "binds"), [
+    (2, range(16), ["0,1,2,3,4,5,6", "7,8,9,10,11,12,13"]),  # 14 and 15 left to the two engine cores' schedulers
+    (2, [5, 1, 3, 7], ["1", "3"]),                           # the process's affinity, in order; a core each kept
+    (2, [0, 1], ["0", "1"]),                                 # too few to keep any: a core each
+    (3, range(8), ["0", "1", "2"]),                         # 8 - 3 kept = 5: a core each, two left over
+])
+def test_engines_of_one_service_get_disjoint_cores(count: int, cores: range | list[int], binds: list[str]) -> None:
+    cfg = EngineConfig(kind="vllm", model="m", env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    shares = resources.share_cores(cfg, count, list(cores))
+    assert [s.env["VLLM_CPU_OMP_THREADS_BIND"] for s in shares] == binds
+    assert all(s.env["VLLM_CPU_KVCACHE_SPACE"] == "1" for s in shares)
+    bound = [c for s in shares for c in s.env["VLLM_CPU_OMP_THREADS_BIND"].split(",")]
+    assert len(bound) == len(set(bound))
+
+
+def test_engines_outnumbering_cores_run_unbound_on_a_thread_each() -> None:
+    shares = resources.share_cores(EngineConfig(kind="vllm", model="m"), 3, [0, 1])
+    assert [(s.env["VLLM_CPU_OMP_THREADS_BIND"], s.env["OMP_NUM_THREADS"]) for s in shares] == [("nobind", "1")] * 3
+
+
+def test_one_engine_or_the_users_binding_is_left_as_it_is() -> None:
+    cfg = EngineConfig(kind="vllm", model="m")
+    assert resources.share_cores(cfg, 1, list(range(16))) == [cfg]
+    mine = EngineConfig(kind="vllm", model="m", env={"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7"})
+    assert resources.share_cores(mine, 2, list(range(16))) == [mine, mine]
+
+
 def test_pin_cuda_on_the_driver_finds_nothing(clean_env: pytest.MonkeyPatch) -> None:
     assert resources.task_gpu_addresses("cuda") == []
 
