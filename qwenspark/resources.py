@@ -222,26 +222,27 @@ def _bind_cores(cores: int) -> list[int]:
 
 
 def share_cores(cfg: EngineConfig, count: int, cores: Sequence[int]) -> list[EngineConfig]:
-    """cfg for each of `count` vLLM engines of one process (serve.engines), each bound to cores of its own on a CPU.
+    """cfg for each of `count` vLLM engines of one process (serve.engines), each given cores of its own on a CPU.
 
     vLLM's automatic binding puts every engine of a host on the same cores (one NUMA node less a core kept for the
-    engine core's scheduler): two engines' OpenMP threads then spin against each other on the same cores, which
-    stalled a two-engine service on a two-core CI host beyond its 30 s request timeout. Each engine gets an equal
-    run of the cores instead, after a core per engine kept for the schedulers when there are enough (vLLM sets an
-    engine's OpenMP thread count to its cores). On a GPU vLLM ignores the binding. A binding in engine.env wins.
+    engine core's scheduler), and each engine's OpenMP pool is as large as the host: two engines' threads then spin
+    against each other, which stalled a two-engine service on a two-core CI host beyond its 30 s request timeout.
+    Each engine gets an equal run of the cores instead, after a core per engine kept for the schedulers when there
+    are enough: vLLM binds its worker to them (a worker process of its own) and the engine's OpenMP threads are as
+    many as its cores (also where vLLM runs the worker inside the engine core, unbound: VLLM_ENABLE_V1_MULTIPROCESSING
+    0). On a GPU vLLM ignores the binding. What engine.env sets wins, key by key.
     """
-    env = cfg.env
-    if count == 1 or "VLLM_CPU_OMP_THREADS_BIND" in env:
-        return [cfg] * count
+    if count == 1:
+        return [cfg]
     ordered = sorted(cores)
     if len(ordered) < count:  # fewer cores than engines: unbound, one thread each
-        binds = [{"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}] * count
+        shares = [{"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}] * count
     else:
         usable = ordered[: len(ordered) - count] if len(ordered) >= 2 * count else ordered
         size = len(usable) // count
-        binds = [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in usable[i * size : (i + 1) * size])}
-                 for i in range(count)]
-    return [cfg.model_copy(update={"env": {**env, **bind}}) for bind in binds]
+        shares = [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in usable[i * size : (i + 1) * size]),
+                   "OMP_NUM_THREADS": str(size)} for i in range(count)]
+    return [cfg.model_copy(update={"env": {**share, **cfg.env}}) for share in shares]
 
 
 def driver_only(what: str = "this function") -> None:

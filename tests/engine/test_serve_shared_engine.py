@@ -53,8 +53,12 @@ def _serve(tmp_path: Path, tiny_model: Path, workers: int, version: str = "v13",
                   "request_timeout_s": 120},  # a shared CI host, not a latency check
     }))
     port = _port()
+    # As from a user's shell: in-process engines of earlier tests set these in pytest's own environment (the engine
+    # core's worker inside it, unbound, two threads), which the service would inherit.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")}
     server = subprocess.Popen([sys.executable, "-m", "qwenspark.cli", "serve", "--config", str(config), "--port",
-                               str(port)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                               str(port)], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)})
     return server, port
 
 

@@ -319,6 +319,7 @@ def test_engines_of_one_service_get_disjoint_cores(count: int, cores: range | li
     cfg = EngineConfig(kind="vllm", model="m", env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     shares = resources.share_cores(cfg, count, list(cores))
     assert [s.env["VLLM_CPU_OMP_THREADS_BIND"] for s in shares] == binds
+    assert [s.env["OMP_NUM_THREADS"] for s in shares] == [str(len(b.split(","))) for b in binds]
     assert all(s.env["VLLM_CPU_KVCACHE_SPACE"] == "1" for s in shares)
     bound = [c for s in shares for c in s.env["VLLM_CPU_OMP_THREADS_BIND"].split(",")]
     assert len(bound) == len(set(bound))
@@ -329,11 +330,15 @@ def test_engines_outnumbering_cores_run_unbound_on_a_thread_each() -> None:
     assert [(s.env["VLLM_CPU_OMP_THREADS_BIND"], s.env["OMP_NUM_THREADS"]) for s in shares] == [("nobind", "1")] * 3
 
 
-def test_one_engine_or_the_users_binding_is_left_as_it_is() -> None:
+def test_one_engine_or_the_users_settings_are_left_as_they_are() -> None:
     cfg = EngineConfig(kind="vllm", model="m")
     assert resources.share_cores(cfg, 1, list(range(16))) == [cfg]
-    mine = EngineConfig(kind="vllm", model="m", env={"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7"})
+    mine = EngineConfig(kind="vllm", model="m", env={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "3"})
     assert resources.share_cores(mine, 2, list(range(16))) == [mine, mine]
+    threads = EngineConfig(kind="vllm", model="m", env={"OMP_NUM_THREADS": "2"})
+    assert [s.env for s in resources.share_cores(threads, 2, list(range(16)))] == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0,1,2,3,4,5,6", "OMP_NUM_THREADS": "2"},
+        {"VLLM_CPU_OMP_THREADS_BIND": "7,8,9,10,11,12,13", "OMP_NUM_THREADS": "2"}]
 
 
 def test_pin_cuda_on_the_driver_finds_nothing(clean_env: pytest.MonkeyPatch) -> None:
