@@ -341,6 +341,12 @@ class EngineConfig(_Section):
         "its own (serve.optimistic_min_fit).",
     )
     optimistic_window: int = Field(200, ge=4, description="First answers the fitting share is read over (per engine).")
+    cut_dead_ends: bool = Field(
+        True, description="The service, with an optimistic version whose answers are in lines (v13): an answer written "
+        "without the grammar ends at its first token past which no answer can fit it (a first line that is no label, "
+        "a summary past its bound or in the other script, a fourth line; parse.lines_viable), and the grammar's "
+        "attempt starts then instead of after the rest. Off: each such answer is written to its end (to compare).",
+    )
     repair_penalty: float | None = Field(
         None, ge=0.0, le=2.0, description="An answer cut by max_tokens or with a looping summary is generated once "
         "more with this frequency penalty (None or 0: stored as it came). The job sets it from prompt.version's "

@@ -199,6 +199,64 @@ def _read_lines(text: str) -> tuple[Any, str | None]:
     return {"sentiment": lines[0], "summary": summary, "aspects": aspects}, None
 
 
+# An aspect item being written: a prefix of one _OTHER_ASPECT would read (every name in ASPECTS is such a word).
+_ASPECT_PREFIX = re.compile(r"[a-z][a-z_/-]{0,31}(:[a-z]{0,16})?")
+
+
+def lines_viable(text: str, lang: str | None, summary_max_chars: int | None = None,
+                 summary_script: bool = False) -> bool:
+    """Whether an answer in lines written without the grammar (engine.optimistic) can still end as one that fits:
+    one parse_completion reads and grammar_misfit passes. False only when no continuation of text can, so the
+    attempt may be dropped there and the grammar's retry started (the rest of the answer would be wasted): a first
+    line that is no label, a summary past its bound or out of its script, an aspect item that is no word, more items
+    than ASPECTS, a fourth line."""
+    lines = text.lstrip().split("\n")
+    if len(lines) == 1:
+        return any(label.startswith(lines[0].rstrip()) for label in SENTIMENTS)
+    if lines[0].strip() not in SENTIMENTS:
+        return False
+    if not _summary_viable(lines[1].strip(), len(lines) > 2, lang, summary_max_chars, summary_script):
+        return False
+    if len(lines) > 2 and not _aspects_viable(lines[2], len(lines) > 3):
+        return False
+    return not any(line.strip() for line in lines[3:])
+
+
+def _summary_viable(raw: str, whole: bool, lang: str | None, summary_max_chars: int | None,
+                    summary_script: bool) -> bool:
+    """lines_viable's summary line (raw: stripped; whole: its line has ended)."""
+    quoted = raw.startswith('"')
+    if whole:
+        summary = raw[1:-1] if len(raw) >= 2 and quoted and raw.endswith('"') else raw
+        if not summary or len(summary) > min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS):
+            return False
+        return not (summary_script and lang in SUMMARY_SCRIPTS
+                    and re.fullmatch("{}{}*".format(*SUMMARY_SCRIPTS[lang]), summary) is None)
+    # Still being written: its opening quote may yet be taken off, and its last character, a quote, may be the
+    # closing one; every other character stays in the summary.
+    body = raw[1:] if quoted else raw
+    inner = body[:-1] if body.endswith('"') else body
+    if len(inner) > min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS):
+        return False
+    if not (summary_script and lang in SUMMARY_SCRIPTS) or not body:
+        return True
+    first, rest = SUMMARY_SCRIPTS[lang]
+    return re.match(first, body) is not None and re.fullmatch(f"{rest}*", inner[1:]) is not None
+
+
+def _aspects_viable(raw: str, whole: bool) -> bool:
+    """lines_viable's aspects line (whole: its line has ended)."""
+    items = raw.split()
+    if len(items) > len(ASPECTS):
+        return False
+    written = items if whole or raw[-1:].isspace() else items[:-1]
+    for item in written:
+        name, _, feeling = item.partition(":")
+        if not (name in ASPECTS and feeling in ASPECT_SENTIMENTS) and _OTHER_ASPECT.fullmatch(item) is None:
+            return False
+    return len(written) == len(items) or _ASPECT_PREFIX.fullmatch(items[-1]) is not None
+
+
 def _validated(data: Any, error: str | None) -> Parsed:
     """The record of the answer's fields, or the error (the reading's, or the schema's)."""
     if error is not None:

@@ -142,6 +142,29 @@ class Prompts:
         return Partial(text, step.label_logprobs, done)
 
 
+# The finish reason of an attempt ended at its first dead end (AsyncVllm.steps): no continuation of its text could
+# fit the grammar, so the rest of it is not generated. Its caller generates the answer again under the grammar.
+DEAD_END = "dead_end"
+
+
+class DeadEnds:
+    """Whether an answer in lines written without the grammar can still fit it (parse.lines_viable), read as its
+    token ids grow: each step's new tokens decoded once, held back while they end inside a character."""
+
+    def __init__(self, tokenizer: Any, lang: str | None, summary_max_chars: int | None, summary_script: bool) -> None:
+        self._tokenizer, self._rules = tokenizer, (lang, summary_max_chars, summary_script)
+        self.text, self._read = "", 0
+
+    def viable(self, answer: Sequence[int]) -> bool:
+        from qwenspark.parse import lines_viable
+
+        more = str(self._tokenizer.decode(list(answer[self._read:])))
+        if more.endswith("\ufffd"):  # a character's bytes still to come
+            return True
+        self.text, self._read = self.text + more, len(answer)
+        return lines_viable(self.text, *self._rules)
+
+
 class AsyncVllm:
     """vLLM's AsyncLLM (its public async API): concurrent requests join one continuous batch; each prompt is handed
     over as token ids, tokenised once here."""
@@ -157,6 +180,7 @@ class AsyncVllm:
         self._pinned: dict[tuple[str | None, str], Any] = {}  # (language, label) -> its StructuredOutputsParams
         self._ids = itertools.count()
         self._prompt = token_prompt()
+        self.dead_ends = 0  # attempts ended at a dead end (steps)
 
     @classmethod
     async def start(cls, cfg: EngineConfig) -> AsyncVllm:
@@ -242,30 +266,46 @@ class AsyncVllm:
     async def steps(self, ids: list[int], lang: str | None, retry: Retry | None = None,
                     pin: str | None = None) -> AsyncGenerator[Step, None]:
         """The answer to a prompt given as token ids, as it grows: its first tokens (the label) one by one, then
-        whole (every step, with vLLM's text, where the label's log-probabilities are asked for)."""
+        whole (every step, with vLLM's text, where the label's log-probabilities are asked for). An answer in lines
+        written without the grammar ends at its first dead end (finish_reason DEAD_END, parse.lines_viable)."""
         from qwenspark.engines.vllm import _label_logprobs
 
         params = self._settings(lang, retry, pin)
+        reader = self._dead_ends(lang, params)
         answer: list[int] = []
         try:
-            # AsyncLLM aborts the request itself when this iteration is cancelled (a client gone, a timeout).
-            async for out in self._llm.generate(self._prompt(ids), params,
-                                                f"serve-{next(self._ids)}"):
-                best = out.outputs[0]
-                if not self._ids_only:
-                    yield Step(list(best.token_ids), best.text, _label_logprobs(best) if best.logprobs else None,
-                               best.finish_reason, len(ids), out.finished)
-                    continue
-                answer.extend(best.token_ids)
-                if out.finished:
-                    yield Step(answer, None, None, best.finish_reason, len(ids), True)
-                elif len(answer) <= EARLY_TOKENS:
-                    yield Step(list(answer))
+            # AsyncLLM aborts the request itself when this iteration is cancelled (a client gone, a timeout) or
+            # closed (a dead end).
+            async with aclosing(self._llm.generate(self._prompt(ids), params, f"serve-{next(self._ids)}")) as outs:
+                async for out in outs:
+                    best = out.outputs[0]
+                    if not self._ids_only:
+                        yield Step(list(best.token_ids), best.text, _label_logprobs(best) if best.logprobs else None,
+                                   best.finish_reason, len(ids), out.finished)
+                        continue
+                    answer.extend(best.token_ids)
+                    if out.finished:
+                        yield Step(answer, None, None, best.finish_reason, len(ids), True)
+                    elif reader is not None and not reader.viable(answer):
+                        self.dead_ends += 1
+                        yield Step(answer, None, None, DEAD_END, len(ids), True)
+                        return
+                    elif len(answer) <= EARLY_TOKENS:
+                        yield Step(list(answer))
         except ValueError as exc:  # vLLM's validation of this request (a prompt longer than the context)
             raise RequestError(str(exc)) from exc
         except Exception as exc:  # the engine core failed or died: the service answers 503, never error rows
             log.exception("serve: the engine failed")
             raise EngineError(f"vllm: {type(exc).__name__}: {exc}") from exc
+
+    def _dead_ends(self, lang: str | None, params: Any) -> DeadEnds | None:
+        """A reader of an attempt's dead ends, for an answer in lines written without the grammar (an optimistic
+        version's first attempt); None for any other."""
+        cfg = self._cfg
+        if cfg is None or not self._ids_only or params.structured_outputs is not None or not cfg.optimistic \
+                or cfg.answer_format != "lines" or not cfg.cut_dead_ends:
+            return None
+        return DeadEnds(self._tokenizer, lang, cfg.summary_max_chars, cfg.summary_script)
 
     def alive(self) -> bool:
         return self._llm is not None and not self._llm.errored

@@ -166,3 +166,58 @@ def test_the_engine_is_warmed_under_every_answer_setting_at_once(tiny_model: Pat
     assert None in grammars, "the unguided first attempt"
     for lang, grammar in answer_grammars(engine_cfg).items():
         assert StructuredOutputsParams(**grammar) in grammars, f"the retries' grammar for {lang}"
+
+
+class _Out:
+    """One step of vLLM's output for a request, its new token ids (RequestOutputKind.DELTA)."""
+
+    def __init__(self, ids: list[int], finished: bool) -> None:
+        self.finished = finished
+        self.outputs = [type("Best", (), {"token_ids": ids, "text": "", "logprobs": None,
+                                           "finish_reason": "stop" if finished else None})()]
+
+
+def test_dead_ends_are_read_only_in_unguided_answers_and_whole_characters(tiny_model: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from qwenspark.engines.vllm import sampling_params
+    from qwenspark.serve.engine import DEAD_END
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    engine_cfg = serve_engine_config(validate_config({
+        "engine": {"kind": "vllm", "model": str(tiny_model)}, "prompt": {"version": "v13"},
+        "serve": {"optimistic": True}}))
+    closed: list[str] = []
+
+    class Llm:
+        def __init__(self) -> None:
+            self.answer: list[int] = []
+
+        async def generate(self, prompt: Any, settings: Any, request_id: str) -> Any:
+            try:
+                for n, token in enumerate(self.answer):
+                    yield _Out([token], n == len(self.answer) - 1)
+            except GeneratorExit:
+                closed.append(request_id)  # AsyncLLM aborts the request here
+                raise
+
+    llm = Llm()
+    engine = AsyncVllm(llm, tokenizer, sampling_params(engine_cfg), "m", engine_cfg)
+
+    async def run(text: str, retry: Any = None) -> Any:
+        llm.answer = tokenizer.encode(text)
+        async for step in engine.steps([1, 2], "zh", retry):
+            last = step
+        return last
+
+    # a fitting answer whose Han characters are split over byte tokens runs to its end
+    fits = 'negative\n"房间很脏，龘靐齉"\nroom:negative'
+    assert any("\ufffd" in tokenizer.decode([t]) for t in tokenizer.encode(fits)), "no character split over tokens"
+    done = asyncio.run(run(fits))
+    assert done.finish_reason == "stop" and tokenizer.decode(done.ids) == fits and not closed
+    # an English summary of a Chinese review: cut at its first letter, the request closed
+    dead = asyncio.run(run('negative\n"Dirty room, rude staff"\nroom:negative'))
+    assert dead.finish_reason == DEAD_END and tokenizer.decode(dead.ids).endswith('"Dirty') and len(closed) == 1
+    # the grammar's attempt is never cut
+    guided = asyncio.run(run('negative\n"Dirty room"\n', "grammar"))
+    assert guided.finish_reason == "stop" and len(closed) == 1
