@@ -40,7 +40,7 @@ from qwenspark.errors import ConfigError, EngineError, RequestError
 from qwenspark.models.identity import model_identity
 from qwenspark.optimism import Optimism
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS
-from qwenspark.serve.engine import ServeEngine
+from qwenspark.serve.engine import DEAD_END, ServeEngine
 from qwenspark.serve.pauses import Pauses, freeze_heap
 
 log = logging.getLogger("qwenspark.serve")
@@ -161,6 +161,9 @@ class Metrics:
                                        buckets=_BUCKETS, registry=r)
         self.retries = Counter("qwenspark_serve_retries", "Answers generated a second time, by kind (grammar: an "
                                "optimistic answer that misfit; penalty: cut or looping)", ["kind"], registry=r)
+        self.dead_ends = Counter("qwenspark_serve_dead_ends", "Answers written without the grammar that were cut at "
+                                 "their first dead end and generated again with it (engine.cut_dead_ends)",
+                                 registry=r)
         self.guided_first = Counter("qwenspark_serve_guided_first", "Reviews guided from their first token because "
                                     "too few first answers fit the grammar (serve.optimistic_min_fit)", registry=r)
         self.fit_share = Gauge("qwenspark_serve_optimistic_fit_share", "Share of the last serve.optimistic_window "
@@ -303,6 +306,8 @@ class Service:
             if done is None:
                 raise EngineError("serve: the engine ended a request without an answer")
             self.metrics.generated(done.tokens_out)
+            if done.finish_reason == DEAD_END:
+                self.metrics.dead_ends.inc()
             retry = batch.fill(j, done, _ms(started))
             if retry is None:
                 if sent is not None:

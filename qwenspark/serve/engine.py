@@ -180,7 +180,6 @@ class AsyncVllm:
         self._pinned: dict[tuple[str | None, str], Any] = {}  # (language, label) -> its StructuredOutputsParams
         self._ids = itertools.count()
         self._prompt = token_prompt()
-        self.dead_ends = 0  # attempts ended at a dead end (steps)
 
     @classmethod
     async def start(cls, cfg: EngineConfig) -> AsyncVllm:
@@ -287,7 +286,6 @@ class AsyncVllm:
                     if out.finished:
                         yield Step(answer, None, None, best.finish_reason, len(ids), True)
                     elif reader is not None and not reader.viable(answer):
-                        self.dead_ends += 1
                         yield Step(answer, None, None, DEAD_END, len(ids), True)
                         return
                     elif len(answer) <= EARLY_TOKENS:

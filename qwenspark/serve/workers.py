@@ -95,8 +95,8 @@ class EngineHost:
                 if self._stopping.is_set():
                     break
                 if self.count > 1:
-                    log.info("serve: engine %d of %d, CPU threads bound to %s", len(engines) + 1, self.count,
-                             cfg.env.get("VLLM_CPU_OMP_THREADS_BIND"))
+                    log.info("serve: engine %d of %d (on a CPU, its threads on cores %s)", len(engines) + 1,
+                             self.count, cfg.env.get("VLLM_CPU_OMP_THREADS_BIND"))
                 engines.append(await AsyncVllm.start(cfg))
             if self._stopping.is_set():  # stopped while loading
                 return

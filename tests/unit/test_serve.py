@@ -15,8 +15,9 @@ import pytest
 from qwenspark.config import QwenSparkConfig, validate_config
 from qwenspark.engines.base import Completion, Message, Retry
 from qwenspark.errors import ConfigError, EngineError
+from qwenspark.parse import lines_viable
 from qwenspark.serve.app import Service, check_bind, create_app, serve_engine_config
-from qwenspark.serve.engine import Partial
+from qwenspark.serve.engine import DEAD_END, Partial
 from tests.support.char_tokens import CharTokens
 
 
@@ -127,8 +128,9 @@ class Misfit(CharTokens):
 
     model_name = "misfit"
 
-    def __init__(self, first: str, retried: str, fits: bool = False) -> None:
+    def __init__(self, first: str, retried: str, fits: bool = False, cut: bool = False) -> None:
         self.first, self.retried, self.fits = first, retried, fits  # fits: the first attempt's summary is short
+        self.cut = cut  # the first attempt ends where its summary passes the bound (AsyncVllm.steps' dead end)
         self.attempts: list[tuple[Retry | None, str | None]] = []
 
     async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
@@ -141,6 +143,11 @@ class Misfit(CharTokens):
         yield Partial(f"{label}\n")
         await asyncio.sleep(0)
         final = f'{label}\n"{summary}"\nroom:{label if label != "mixed" else "neutral"}'
+        if self.cut and retry is None:
+            final = final[:len(label) + 2 + 101]
+            assert not lines_viable(final, lang, 100, False)
+            yield Partial(final, None, Completion(final, DEAD_END, 100, 12))
+            return
         yield Partial(final, None, Completion(final, "stop", 100, 20))
 
     def alive(self) -> bool:
@@ -150,11 +157,11 @@ class Misfit(CharTokens):
         pass
 
 
-@pytest.mark.parametrize("optimistic", [True, False])
-def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimistic: bool) -> None:
+@pytest.mark.parametrize(("optimistic", "cut"), [(True, False), (True, True), (False, False)])
+def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimistic: bool, cut: bool) -> None:
     cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
                            "prompt": {"version": "v13"}, "serve": {"optimistic": optimistic}})
-    engine = Misfit(first="negative", retried="positive")
+    engine = Misfit(first="negative", retried="positive", cut=cut)
     service = Service(cfg, engine)
 
     async def go() -> list[dict[str, Any]]:
@@ -174,6 +181,8 @@ def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimist
     assert result["result"]["sentiment"] == label["sentiment"], (label, result)
     assert result["result"]["summary"] == "Short summary." and result["result"]["error"] is None
     assert 'qwenspark_serve_retries_total{kind="grammar"} 1.0' in metrics
+    assert f"qwenspark_serve_dead_ends_total {1.0 if cut else 0.0}" in metrics
+    assert result["result"]["tokens_out"] == (12 if cut else 20) + 20  # both attempts' tokens
 
 
 @pytest.mark.parametrize(("fits", "min_fit"), [(False, 0.6), (True, 0.6), (False, 0.0)])
