@@ -221,7 +221,7 @@ def _bind_cores(cores: int) -> list[int]:
     return []
 
 
-def share_cores(cfg: EngineConfig, count: int, cores: Sequence[int]) -> list[EngineConfig]:
+def share_cores(cfg: EngineConfig, count: int, cores: Sequence[int], gpu: bool = False) -> list[EngineConfig]:
     """cfg for each of `count` vLLM engines of one process (serve.engines), each given cores of its own on a CPU.
 
     vLLM's automatic binding puts every engine of a host on the same cores (one NUMA node less a core kept for the
@@ -230,10 +230,12 @@ def share_cores(cfg: EngineConfig, count: int, cores: Sequence[int]) -> list[Eng
     Each engine gets an equal run of the cores instead, after a core per engine kept for the schedulers when there
     are enough: vLLM binds its worker to them (a worker process of its own) and the engine's OpenMP threads are as
     many as its cores (also where vLLM runs the worker inside the engine core, unbound: VLLM_ENABLE_V1_MULTIPROCESSING
-    0). On a GPU vLLM ignores the binding. What engine.env sets wins, key by key.
+    0). What engine.env sets wins, key by key. Engines on a GPU (gpu, or engine.device cuda) are left as they are, as
+    pin_threads leaves them: their threads only feed the GPU (engines.vllm.GPU_ENV decides them, unless the
+    environment already names a count, which a share's would be).
     """
-    if count == 1:
-        return [cfg]
+    if count == 1 or gpu or cfg.device == "cuda":
+        return [cfg] * count
     ordered = sorted(cores)
     if len(ordered) < count:  # fewer cores than engines: unbound, one thread each
         shares = [{"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}] * count

@@ -82,6 +82,7 @@ class EngineHost:
             self._alive.close()
 
     async def _main(self) -> None:
+        from qwenspark.engines.vllm import apply_env, on_gpu
         from qwenspark.serve.engine import AsyncVllm
         from qwenspark.serve.pauses import freeze_heap
         from qwenspark.serve.shared import Host
@@ -91,12 +92,13 @@ class EngineHost:
         try:
             # One after another, as the workers' own engines load: vLLM sizes an engine's memory from what it finds
             # free on the GPU. Each start blocks this loop while it loads: a stop waits for the load.
-            for cfg in share_cores(self.cfg, self.count, list(os.sched_getaffinity(0))):
+            apply_env(self.cfg)  # before torch looks for a GPU (engine.env may hide one)
+            for cfg in share_cores(self.cfg, self.count, list(os.sched_getaffinity(0)), gpu=on_gpu()):
                 if self._stopping.is_set():
                     break
-                if self.count > 1:
-                    log.info("serve: engine %d of %d (on a CPU, its threads on cores %s)", len(engines) + 1,
-                             self.count, cfg.env.get("VLLM_CPU_OMP_THREADS_BIND"))
+                if cfg is not self.cfg:  # a CPU's share
+                    log.info("serve: engine %d of %d, its threads on cores %s", len(engines) + 1, self.count,
+                             cfg.env.get("VLLM_CPU_OMP_THREADS_BIND"))
                 engines.append(await AsyncVllm.start(cfg))
             if self._stopping.is_set():  # stopped while loading
                 return

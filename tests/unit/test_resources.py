@@ -333,6 +333,10 @@ def test_engines_outnumbering_cores_run_unbound_on_a_thread_each() -> None:
 def test_one_engine_or_the_users_settings_are_left_as_they_are() -> None:
     cfg = EngineConfig(kind="vllm", model="m")
     assert resources.share_cores(cfg, 1, list(range(16))) == [cfg]
+    # engines on a GPU keep GPU_ENV's one OpenMP thread (a share's count in the environment would count as chosen)
+    assert resources.share_cores(cfg, 2, list(range(16)), gpu=True) == [cfg, cfg]
+    cuda = EngineConfig(kind="vllm", model="m", device="cuda")
+    assert resources.share_cores(cuda, 3, list(range(16))) == [cuda] * 3
     mine = EngineConfig(kind="vllm", model="m", env={"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "3"})
     assert resources.share_cores(mine, 2, list(range(16))) == [mine, mine]
     threads = EngineConfig(kind="vllm", model="m", env={"OMP_NUM_THREADS": "2"})
