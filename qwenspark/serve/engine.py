@@ -149,16 +149,18 @@ DEAD_END = "dead_end"
 
 class DeadEnds:
     """Whether an answer in lines written without the grammar can still fit it (parse.lines_viable), read as its
-    token ids grow: each step's new tokens decoded once, held back while they end inside a character."""
+    token ids grow: each step's new tokens decoded once as the parser will read them (answer_text), held back while
+    they end inside a character."""
 
     def __init__(self, tokenizer: Any, lang: str | None, summary_max_chars: int | None, summary_script: bool) -> None:
         self._tokenizer, self._rules = tokenizer, (lang, summary_max_chars, summary_script)
         self.text, self._read = "", 0
 
     def viable(self, answer: Sequence[int]) -> bool:
+        from qwenspark.engines.vllm import answer_text
         from qwenspark.parse import lines_viable
 
-        more = str(self._tokenizer.decode(list(answer[self._read:])))
+        more = answer_text(self._tokenizer, answer[self._read:])
         if more.endswith("\ufffd"):  # a character's bytes still to come
             return True
         self.text, self._read = self.text + more, len(answer)

@@ -204,8 +204,8 @@ def test_dead_ends_are_read_only_in_unguided_answers_and_whole_characters(tiny_m
     llm = Llm()
     engine = AsyncVllm(llm, tokenizer, sampling_params(engine_cfg), "m", engine_cfg)
 
-    async def run(text: str, retry: Any = None) -> Any:
-        llm.answer = tokenizer.encode(text)
+    async def run(text: str, retry: Any = None, ids: list[int] | None = None) -> Any:
+        llm.answer = ids or tokenizer.encode(text)
         async for step in engine.steps([1, 2], "zh", retry):
             last = step
         return last
@@ -215,6 +215,10 @@ def test_dead_ends_are_read_only_in_unguided_answers_and_whole_characters(tiny_m
     assert any("\ufffd" in tokenizer.decode([t]) for t in tokenizer.encode(fits)), "no character split over tokens"
     done = asyncio.run(run(fits))
     assert done.finish_reason == "stop" and tokenizer.decode(done.ids) == fits and not closed
+    # read as the parser reads it: a special token inside the summary is not text (its name would be Latin letters)
+    special = [*tokenizer.encode('negative\n"房间'), tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+               *tokenizer.encode('很脏"\nroom:negative')]
+    assert asyncio.run(run("", ids=special)).finish_reason == "stop" and not closed
     # an English summary of a Chinese review: cut at its first letter, the request closed
     dead = asyncio.run(run('negative\n"Dirty room, rude staff"\nroom:negative'))
     assert dead.finish_reason == DEAD_END and tokenizer.decode(dead.ids).endswith('"Dirty') and len(closed) == 1
