@@ -188,15 +188,23 @@ def _read_lines(text: str) -> tuple[Any, str | None]:
         return None, f"parse: aspects: {len(items)} items, at most {len(ASPECTS)}: {text[:_ERR_MAX]!r}"
     aspects = []
     for item in items:
+        if not _readable_item(item):
+            return None, f"parse: aspects: {item[:64]!r} is not aspect:sentiment: {text[:_ERR_MAX]!r}"
         name, _, feeling = item.partition(":")
         if name in ASPECTS and feeling in ASPECT_SENTIMENTS:
             aspects.append({"aspect": name, "sentiment": feeling})
-        elif _OTHER_ASPECT.fullmatch(item) is None:
-            return None, f"parse: aspects: {item[:64]!r} is not aspect:sentiment: {text[:_ERR_MAX]!r}"
-    summary = lines[1]
-    if len(summary) >= 2 and summary[0] == summary[-1] == '"':  # the grammar's quotes; unguided answers may lack them
-        summary = summary[1:-1]
-    return {"sentiment": lines[0], "summary": summary, "aspects": aspects}, None
+    return {"sentiment": lines[0], "summary": _unquoted(lines[1]), "aspects": aspects}, None
+
+
+def _readable_item(item: str) -> bool:
+    """An item of the aspect line that _read_lines reads: one of ASPECTS with its sentiment, or one it leaves out."""
+    name, _, feeling = item.partition(":")
+    return (name in ASPECTS and feeling in ASPECT_SENTIMENTS) or _OTHER_ASPECT.fullmatch(item) is not None
+
+
+def _unquoted(summary: str) -> str:
+    """The summary line without the grammar's quotes (unguided answers may lack them)."""
+    return summary[1:-1] if len(summary) >= 2 and summary[0] == summary[-1] == '"' else summary
 
 
 # An aspect item being written: a prefix of one _OTHER_ASPECT would read (every name in ASPECTS is such a word).
@@ -225,16 +233,13 @@ def lines_viable(text: str, lang: str | None, summary_max_chars: int | None = No
 def _summary_viable(raw: str, whole: bool, lang: str | None, summary_max_chars: int | None,
                     summary_script: bool) -> bool:
     """lines_viable's summary line (raw: stripped; whole: its line has ended)."""
-    quoted = raw.startswith('"')
     if whole:
-        summary = raw[1:-1] if len(raw) >= 2 and quoted and raw.endswith('"') else raw
-        if not summary or len(summary) > min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS):
-            return False
-        return not (summary_script and lang in SUMMARY_SCRIPTS
-                    and re.fullmatch("{}{}*".format(*SUMMARY_SCRIPTS[lang]), summary) is None)
+        summary = _unquoted(raw)
+        return 0 < len(summary) <= SUMMARY_MAX_CHARS and \
+            _summary_misfit(summary, lang, summary_max_chars, summary_script) is None
     # Still being written: its opening quote may yet be taken off, and its last character, a quote, may be the
     # closing one; every other character stays in the summary.
-    body = raw[1:] if quoted else raw
+    body = raw[1:] if raw.startswith('"') else raw
     inner = body[:-1] if body.endswith('"') else body
     if len(inner) > min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS):
         return False
@@ -250,10 +255,8 @@ def _aspects_viable(raw: str, whole: bool) -> bool:
     if len(items) > len(ASPECTS):
         return False
     written = items if whole or raw[-1:].isspace() else items[:-1]
-    for item in written:
-        name, _, feeling = item.partition(":")
-        if not (name in ASPECTS and feeling in ASPECT_SENTIMENTS) and _OTHER_ASPECT.fullmatch(item) is None:
-            return False
+    if not all(_readable_item(item) for item in written):
+        return False
     return len(written) == len(items) or _ASPECT_PREFIX.fullmatch(items[-1]) is not None
 
 
@@ -279,11 +282,16 @@ def grammar_misfit(
 ) -> str | None:
     """What an answer written without the grammar (engine.optimistic) breaks of the grammar's rules that the record's
     own validation leaves out: the summary's bound and its script (SUMMARY_SCRIPTS); None when it fits."""
-    if summary_max_chars is not None and len(record.summary) > summary_max_chars:
+    return _summary_misfit(record.summary, lang, summary_max_chars, summary_script)
+
+
+def _summary_misfit(summary: str, lang: str | None, summary_max_chars: int | None, summary_script: bool) -> str | None:
+    """grammar_misfit's rules, on a summary."""
+    if summary_max_chars is not None and len(summary) > summary_max_chars:
         return f"summary over {summary_max_chars} characters"
     if summary_script and lang in SUMMARY_SCRIPTS:
         first, rest = SUMMARY_SCRIPTS[lang]
-        if re.fullmatch(f"{first}{rest}*", record.summary) is None:
+        if re.fullmatch(f"{first}{rest}*", summary) is None:
             return f"summary not in the {lang} script"
     return None
 
