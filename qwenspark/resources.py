@@ -247,6 +247,19 @@ def share_cores(cfg: EngineConfig, count: int, cores: Sequence[int], gpu: bool =
     return [cfg.model_copy(update={"env": {**share, **cfg.env}}) for share in shares]
 
 
+# vLLM's own share of a GPU's memory for an engine that is given none (EngineArgs.gpu_memory_utilization).
+VLLM_DEFAULT_GPU_SHARE = 0.9
+
+
+def share_gpu_memory(cfg: EngineConfig, count: int) -> EngineConfig:
+    """cfg for each of `count` vLLM engines on one GPU (serve.engines): where engine.gpu_memory_utilization is unset,
+    an equal part of vLLM's default share each. Left unset, every engine would ask for vLLM's 0.9 of the GPU and the
+    second would fail its start on the memory the first holds, a minute after the first loaded."""
+    if count == 1 or cfg.gpu_memory_utilization is not None:
+        return cfg
+    return cfg.model_copy(update={"gpu_memory_utilization": round(VLLM_DEFAULT_GPU_SHARE / count, 3)})
+
+
 def driver_only(what: str = "this function") -> None:
     """Raise when called inside a Spark task: driver-side checks read the driver's conf, not a task's."""
     from pyspark import TaskContext

@@ -21,7 +21,7 @@ from typing import Any
 
 from qwenspark.config import EngineConfig, QwenSparkConfig
 from qwenspark.errors import EngineError
-from qwenspark.resources import share_cores
+from qwenspark.resources import share_cores, share_gpu_memory
 
 log = logging.getLogger("qwenspark.serve")
 
@@ -93,10 +93,15 @@ class EngineHost:
             # One after another, as the workers' own engines load: vLLM sizes an engine's memory from what it finds
             # free on the GPU. Each start blocks this loop while it loads: a stop waits for the load.
             apply_env(self.cfg)  # before torch looks for a GPU (engine.env may hide one)
-            for cfg in share_cores(self.cfg, self.count, list(os.sched_getaffinity(0)), gpu=on_gpu()):
+            gpu = on_gpu()
+            for share in share_cores(self.cfg, self.count, list(os.sched_getaffinity(0)), gpu=gpu):
                 if self._stopping.is_set():
                     break
-                if cfg is not self.cfg:  # a CPU's share
+                cfg = share_gpu_memory(share, self.count) if gpu else share
+                if gpu:
+                    log.info("serve: engine %d of %d, %s of the GPU's memory", len(engines) + 1, self.count,
+                             cfg.gpu_memory_utilization or "vLLM's default share")
+                elif cfg is not self.cfg:  # a CPU's share
                     log.info("serve: engine %d of %d, its threads on cores %s", len(engines) + 1, self.count,
                              cfg.env.get("VLLM_CPU_OMP_THREADS_BIND"))
                 engines.append(await AsyncVllm.start(cfg))

@@ -440,3 +440,11 @@ def test_cluster_gpu_files_pass_the_checks() -> None:
     # Without the GPU settings the same config is refused.
     with pytest.raises(ConfigError, match=r"spark\.executor\.resource\.gpu\.amount"):
         resources.check_gpu_conf({"spark.master": "yarn"}, cfg)
+
+
+def test_engines_on_one_gpu_split_vllms_default_share_when_none_is_set() -> None:
+    unset = EngineConfig(kind="vllm", model="m")
+    assert [resources.share_gpu_memory(unset, n).gpu_memory_utilization for n in (1, 2, 3)] == [None, 0.45, 0.3]
+    # what the user set is each engine's share (config checks that count x share fits)
+    mine = EngineConfig(kind="vllm", model="m", gpu_memory_utilization=0.25)
+    assert resources.share_gpu_memory(mine, 2) is mine

@@ -128,3 +128,40 @@ def test_workers_default_to_three_for_vllm_on_a_gpu_and_one_elsewhere(monkeypatc
     gpu["seen"] = True
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert count("vllm") == 1  # the engine core needs the cores
+
+
+class _Loaded:
+    """What EngineHost needs of a started engine (AsyncVllm's alive, close, model_name)."""
+
+    model_name = "m"
+
+    def alive(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+def test_engines_on_one_gpu_each_ask_for_a_part_of_its_memory(monkeypatch: Any) -> None:
+    """With serve.engines 2 on a GPU and no memory share set, each engine is started with half of vLLM's default
+    share (each asking for vLLM's whole 0.9 would fail the second's start); read from what each start was given."""
+    import qwenspark.engines.vllm as vllm_engine
+    from qwenspark.config import EngineConfig
+    from qwenspark.serve import engine as serve_engine
+    from qwenspark.serve.workers import EngineHost
+
+    started: list[EngineConfig] = []
+
+    async def start(cfg: EngineConfig) -> _Loaded:
+        started.append(cfg)
+        return _Loaded()
+
+    monkeypatch.setattr(vllm_engine, "on_gpu", lambda: True)
+    monkeypatch.setattr(vllm_engine, "apply_env", lambda cfg: None)
+    monkeypatch.setattr(serve_engine.AsyncVllm, "start", staticmethod(start))
+    host = EngineHost(EngineConfig(kind="vllm", model="m"), 2)
+    try:
+        assert host.start().exists()
+    finally:
+        host.stop()
+    assert [cfg.gpu_memory_utilization for cfg in started] == [0.45, 0.45]

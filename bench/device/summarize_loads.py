@@ -1,0 +1,13 @@
+"""One line per load of the serve_latency JSON rows in the given logs (bench/device/README.md: a call's summary)."""
+
+import json
+import sys
+from pathlib import Path
+
+for path in sys.argv[1:]:
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"answers_per_s"' in line:
+            r = json.loads(line)
+            print(Path(path).name, r["load"], r["answers_per_s"], "tok", r["mean_tokens_out"],
+                  "label", r["label_ms"]["p50"], r["label_ms"]["p99"], "full", r["full_ms"]["p50"],
+                  r["full_ms"]["p99"], "cores", r["cpu_cores"])
