@@ -390,7 +390,7 @@ def create_app(service: Service, *, on_close: Callable[[], Awaitable[None]] | No
             return JSONResponse({"status": "engine down", "model": service.engine.model_name}, status_code=503)
         return JSONResponse({"status": "ok", "model": service.engine.model_name,
                              "prompt_version": service.cfg.prompt.version, "in_flight": service.admitted,
-                             "worker": service.worker})
+                             "worker": service.worker, "engines": getattr(service.engine, "engines", 1)})
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -165,6 +165,7 @@ def test_two_engines_behind_one_service_process_both_generate(tmp_path: Path, ti
             time.sleep(1)
         cores = _engine_cores(supervisor)
         assert len(cores) == 2 and all(c.ppid() == supervisor.pid for c in cores), cores
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json()["engines"] == 2  # as the host says
         # Each engine's OpenMP threads on cores of their own (vLLM's automatic binding gave both the same core,
         # which stalled this test on a two-core CI host): the CPU affinity vLLM gave each engine's worker process.
         bound = [{cpu for w in c.children(recursive=True) for cpu in w.cpu_affinity()} for c in cores]

@@ -331,6 +331,7 @@ def test_metrics_count_requests_latency_and_tokens() -> None:
             await client.post("/v1/analyze", json={"text": ""})
             health = await client.get("/healthz")
             assert health.json()["model"] == "scripted" and health.json()["prompt_version"] == "v9"
+            assert health.json()["engines"] == 1
             return (await client.get("/metrics")).text
 
     text = _run(go())

@@ -78,7 +78,7 @@ async def _pair(tmp_path: Path, engine: FakeEngine | list[FakeEngine],
     await host.start()
     reader, writer = await asyncio.open_unix_connection(str(host.path))
     hello = await shared._read(reader)
-    assert hello == {"model": "test", "tokenizer": "unused"}
+    assert hello == {"model": "test", "tokenizer": "unused", "engines": len(host.engines)}
     client = SharedVllm(CharPrompts(), hello["model"], reader, writer,  # type: ignore[arg-type]
                         (lambda: lost.append(True)) if lost is not None else None)
     try:
