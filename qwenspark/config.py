@@ -694,11 +694,11 @@ class ServeConfig(_Section):
                          "/metrics describe the worker that answers. 0: 3 with engine.kind vllm on a CUDA GPU and at "
                          "least 8 cores to run on (its CPU affinity; measured on an H200: README, stop 33), else 1.")
     engines: int = Field(1, ge=1, le=8, description="With engine.kind vllm: vLLM engines the service's workers share, "
-                         "loaded one after another on the same GPU(s), each taking engine.gpu_memory_utilization of "
-                         "it (unset: an equal part of vLLM's default 0.9); each request goes to the one with the "
-                         "fewest in progress. More than 1 where a small model's engine core is bound by its own step "
-                         "loop's CPU while the GPU idles: 2 took the 0.6B's whole-answer P99 at 200 guided requests/s "
-                         "on an H200 from 1.14-1.21 s to 0.42-0.59 s, 3 did worse than 2 (README, stop 38).")
+                         "loaded one after another on the same GPU(s), each taking an equal part of the service's "
+                         "engine.gpu_memory_utilization (unset: of vLLM's default 0.9); each request goes to the one "
+                         "with the fewest in progress. More than 1 where a small model's engine core is bound by its "
+                         "own step loop's CPU while the GPU idles: 2 took the 0.6B's whole-answer P99 at 200 guided "
+                         "requests/s on an H200 from 1.14-1.21 s to 0.42-0.59 s, 3 did no better (README, stop 38).")
     optimistic: bool = Field(True, description="With an optimistic prompt version (v11, v13): write each answer "
                              "without the grammar first, as the batch does, and generate the few that misfit again "
                              "with it, pinned to the label already sent. Off: every answer guided from its first "
@@ -740,12 +740,9 @@ class QwenSparkConfig(_Section):
 
     @model_validator(mode="after")
     def _engines_are_vllms(self) -> QwenSparkConfig:
-        engines, share = self.serve.engines, self.engine.gpu_memory_utilization
+        engines = self.serve.engines
         if engines > 1 and self.engine.kind != "vllm":
             raise ValueError(f"serve.engines {engines} needs engine.kind vllm (got {self.engine.kind})")
-        if engines > 1 and share is not None and engines * share > 0.95:
-            raise ValueError(f"serve.engines {engines} x engine.gpu_memory_utilization {share} leaves the GPU no "
-                             "room: each engine takes that share of it (e.g. 0.3 for 3 engines)")
         return self
 
     def config_hash(self) -> str:

@@ -252,12 +252,15 @@ VLLM_DEFAULT_GPU_SHARE = 0.9
 
 
 def share_gpu_memory(cfg: EngineConfig, count: int) -> EngineConfig:
-    """cfg for each of `count` vLLM engines on one GPU (serve.engines): where engine.gpu_memory_utilization is unset,
-    an equal part of vLLM's default share each. Left unset, every engine would ask for vLLM's 0.9 of the GPU and the
-    second would fail its start on the memory the first holds, a minute after the first loaded."""
-    if count == 1 or cfg.gpu_memory_utilization is not None:
+    """cfg for each of `count` vLLM engines of one service on one GPU (serve.engines): an equal part each of the
+    service's share, engine.gpu_memory_utilization (unset: vLLM's default). The share is what the operator splits a
+    GPU by, the service's beside the executors' (0.35 and 0.45, README); with each engine taking all of it, two
+    engines would take 0.7 and collide with the executors', or, unset, the second would fail its start on the memory
+    the first holds, a minute after the first loaded."""
+    if count == 1:
         return cfg
-    return cfg.model_copy(update={"gpu_memory_utilization": round(VLLM_DEFAULT_GPU_SHARE / count, 3)})
+    share = cfg.gpu_memory_utilization or VLLM_DEFAULT_GPU_SHARE
+    return cfg.model_copy(update={"gpu_memory_utilization": round(share / count, 4)})
 
 
 def driver_only(what: str = "this function") -> None:

@@ -9,5 +9,5 @@ run() { name=$1; shift; timeout $1 bash bench/device/run_workload.sh bench/serve
   sleep 6; nvidia-smi > $OUT/smi_$name.txt 2>&1
   wait $p; echo "== $name rc=$? at $(( $(date +%s) - t0 )) s"; python3 bench/device/summarize_loads.py $OUT/$name.log; }
 run mps_eng1 150
-run mps_eng2 170 --set serve.engines=2 --set engine.gpu_memory_utilization=0.25
-run mps_eng3 200 --set serve.engines=3 --set engine.gpu_memory_utilization=0.25
+run mps_eng2 170 --set serve.engines=2 --set engine.gpu_memory_utilization=0.5   # 0.25 each, as stop 38
+run mps_eng3 200 --set serve.engines=3 --set engine.gpu_memory_utilization=0.75  # 0.25 each

@@ -442,9 +442,8 @@ def test_cluster_gpu_files_pass_the_checks() -> None:
         resources.check_gpu_conf({"spark.master": "yarn"}, cfg)
 
 
-def test_engines_on_one_gpu_split_vllms_default_share_when_none_is_set() -> None:
-    unset = EngineConfig(kind="vllm", model="m")
+def test_engines_on_one_gpu_split_the_services_share() -> None:
+    unset = EngineConfig(kind="vllm", model="m")  # vLLM's default share, 0.9
     assert [resources.share_gpu_memory(unset, n).gpu_memory_utilization for n in (1, 2, 3)] == [None, 0.45, 0.3]
-    # what the user set is each engine's share (config checks that count x share fits)
-    mine = EngineConfig(kind="vllm", model="m", gpu_memory_utilization=0.25)
-    assert resources.share_gpu_memory(mine, 2) is mine
+    mine = EngineConfig(kind="vllm", model="m", gpu_memory_utilization=0.35)  # beside the executors' 0.45
+    assert [resources.share_gpu_memory(mine, n).gpu_memory_utilization for n in (1, 2, 3)] == [0.35, 0.175, 0.1167]

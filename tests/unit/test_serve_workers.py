@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,9 +143,11 @@ class _Loaded:
         pass
 
 
-def test_engines_on_one_gpu_each_ask_for_a_part_of_its_memory(monkeypatch: Any) -> None:
-    """With serve.engines 2 on a GPU and no memory share set, each engine is started with half of vLLM's default
-    share (each asking for vLLM's whole 0.9 would fail the second's start); read from what each start was given."""
+@pytest.mark.parametrize(("share", "each"), [(None, 0.45), (0.5, 0.25)])
+def test_engines_on_one_gpu_each_ask_for_a_part_of_its_memory(share: float | None, each: float,
+                                                               monkeypatch: Any) -> None:
+    """With serve.engines 2 on a GPU each engine is started with half the service's memory share (unset: of vLLM's
+    default 0.9, whose whole each asked for before, failing the second's start); read from what each start got."""
     import qwenspark.engines.vllm as vllm_engine
     from qwenspark.config import EngineConfig
     from qwenspark.serve import engine as serve_engine
@@ -159,9 +162,9 @@ def test_engines_on_one_gpu_each_ask_for_a_part_of_its_memory(monkeypatch: Any) 
     monkeypatch.setattr(vllm_engine, "on_gpu", lambda: True)
     monkeypatch.setattr(vllm_engine, "apply_env", lambda cfg: None)
     monkeypatch.setattr(serve_engine.AsyncVllm, "start", staticmethod(start))
-    host = EngineHost(EngineConfig(kind="vllm", model="m"), 2)
+    host = EngineHost(EngineConfig(kind="vllm", model="m", gpu_memory_utilization=share), 2)
     try:
         assert host.start().exists()
     finally:
         host.stop()
-    assert [cfg.gpu_memory_utilization for cfg in started] == [0.45, 0.45]
+    assert [cfg.gpu_memory_utilization for cfg in started] == [each, each]
