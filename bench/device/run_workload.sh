@@ -15,7 +15,15 @@ for need in prometheus_client:prometheus_client httpx:httpx mysql.connector:mysq
     python3 -m pip install -q --no-index --no-deps --target /tmp/site-extra .devrun/whl/"${need#*:}"-*.whl || exit 1
   fi
 done
-export PYTHONPATH=$PYTHONPATH:/tmp/site-extra
+# qwenspark is not installed here: its vLLM plugin's entry point (pyproject.toml, engine.batch_grammar_masks) in a
+# metadata folder of its own, and the checkout on the path, so that vLLM's plugin loader finds it in each process.
+plugin=/tmp/site-extra/qwenspark_plugins-0.dist-info
+if [ ! -f $plugin/entry_points.txt ]; then
+  mkdir -p $plugin && printf 'Metadata-Version: 2.1\nName: qwenspark-plugins\nVersion: 0\n' > $plugin/METADATA &&
+  printf '[vllm.general_plugins]\nqwenspark_batch_grammar_masks = qwenspark.engines.vllm_masks:register\n' \
+    > $plugin/entry_points.txt || exit 1
+fi
+export PYTHONPATH=$PYTHONPATH:/tmp/site-extra:$PWD
 script=bench/workload_100k.py
 case "${1:-}" in *.py) script=$1; shift ;; esac
 exec python3 "$script" "$@"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, refusal, resolve_dtype
+from qwenspark.engines.vllm_masks import ENV as MASKS_ENV
 from qwenspark.errors import EngineError, RequestError
 from qwenspark.parse import answer_grammars
 
@@ -24,6 +25,8 @@ def apply_env(cfg: EngineConfig) -> None:
     """Set the engine's environment before vllm/torch are imported (they read it at import time)."""
     # Spark's Python workers are forked daemons: a forked CUDA context is unusable, so vLLM must spawn.
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    if cfg.batch_grammar_masks:  # read by the vLLM plugin in each process vLLM starts (engines/vllm_masks.py)
+        os.environ[MASKS_ENV] = str(cfg.batch_grammar_masks)
     os.environ.update(cfg.env)
 
 

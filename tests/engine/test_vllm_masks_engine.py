@@ -1,0 +1,59 @@
+"""engine.batch_grammar_masks through real vLLM (the tiny random Qwen3, engine core in the process): the plugin is
+loaded by vLLM's own plugin loader from the package's entry point, fills the guided steps' masks, and the answers
+are those of vLLM's own fill, token for token. In a fresh interpreter: vLLM loads plugins once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, sys
+from qwenspark.config import EngineConfig
+from qwenspark.engines import build_engine, vllm_masks
+from qwenspark.prompts import get_template
+from tests.conftest import SAMPLE_REVIEWS
+
+template = get_template("v13-guided")
+cfg = EngineConfig(kind="vllm", model=sys.argv[1], dtype="bfloat16", max_tokens=96, max_model_len=2048,
+                   summary_max_chars=template.summary_max_chars, summary_script=True, aspect_map=template.aspect_map,
+                   answer_format=template.answer_format, batch_grammar_masks=2,
+                   env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"})
+reviews = [(t, lang) for t, lang in SAMPLE_REVIEWS if lang in ("zh", "en")] * 3
+conversations = [template.messages(t, lang) for t, lang in reviews]
+langs = [lang for _, lang in reviews]
+engine = build_engine(cfg)
+batch = engine.generate(conversations, langs)
+steps = vllm_masks.FILLED["steps"]
+from vllm.v1.structured_output import StructuredOutputManager
+StructuredOutputManager.grammar_bitmask = StructuredOutputManager._qwenspark_own_grammar_bitmask
+own = engine.generate(conversations, langs)
+engine.close()
+print("RESULT " + json.dumps({"steps": steps, "after": vllm_masks.FILLED["steps"],
+                              "batch": [[c.text, c.tokens_out] for c in batch],
+                              "own": [[c.text, c.tokens_out] for c in own]}))
+"""
+
+
+def test_the_batch_matcher_fills_the_steps_and_answers_as_vllms_own_fill(tiny_model: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "QWENSPARK_BATCH_GRAMMAR_MASKS"}
+    run = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model)], cwd=ROOT, capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": str(ROOT)}, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    [line] = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line.removeprefix("RESULT "))
+    answers = len(result["batch"])
+    # every guided step after the first (where vLLM allocates the bitmask) was the batch matcher's
+    assert result["steps"] >= max(tokens for _, tokens in result["batch"]) - 1 > 0, result["steps"]
+    assert result["after"] == result["steps"]  # vLLM's own fill put back: the second run never reached it
+    assert result["batch"] == result["own"] and answers == 18  # SAMPLE_REVIEWS in zh and en, three times
+    assert "grammar masks filled by xgrammar's batch matcher (2 threads)" in run.stderr + run.stdout  # the log says
