@@ -45,9 +45,11 @@ print("RESULT " + json.dumps({"steps": steps, "after": vllm_masks.FILLED["steps"
 
 
 def test_the_batch_matcher_fills_the_steps_and_answers_as_vllms_own_fill(tiny_model: Path) -> None:
+    # Not pytest's own engine settings: earlier tests' engines leave conf/local.yaml's VLLM_LOGGING_LEVEL=WARNING there,
+    # which would hide the plugin's line.
     env = {k: v for k, v in os.environ.items() if k != "QWENSPARK_BATCH_GRAMMAR_MASKS"}
     run = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_model)], cwd=ROOT, capture_output=True, text=True,
-                         env={**env, "PYTHONPATH": str(ROOT)}, timeout=600, check=False)
+                         env={**env, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "INFO"}, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     [line] = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
     result = json.loads(line.removeprefix("RESULT "))
