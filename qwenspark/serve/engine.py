@@ -153,18 +153,20 @@ class DeadEnds:
     they end inside a character."""
 
     def __init__(self, tokenizer: Any, lang: str | None, summary_max_chars: int | None, summary_script: bool) -> None:
+        # Imported here, once an attempt, not in viable(), which runs every step (parse imports pyspark's names).
+        from qwenspark.engines.vllm import answer_text
+        from qwenspark.parse import lines_viable
+
+        self._decode, self._viable = answer_text, lines_viable
         self._tokenizer, self._rules = tokenizer, (lang, summary_max_chars, summary_script)
         self.text, self._read = "", 0
 
     def viable(self, answer: Sequence[int]) -> bool:
-        from qwenspark.engines.vllm import answer_text
-        from qwenspark.parse import lines_viable
-
-        more = answer_text(self._tokenizer, answer[self._read:])
+        more = self._decode(self._tokenizer, answer[self._read:])
         if more.endswith("\ufffd"):  # a character's bytes still to come
             return True
         self.text, self._read = self.text + more, len(answer)
-        return lines_viable(self.text, *self._rules)
+        return self._viable(self.text, *self._rules)
 
 
 class AsyncVllm:
