@@ -1,6 +1,8 @@
-# Stop 39's queue, call A (bench/device/README.md): the 0.6B at 200/s guided under MPS with 1, 2 and 3 engines.
-# bash bench/device/with_mps.sh bash bench/device/mps_small_engines.sh   (carry .devrun: tokenizer, dev reviews)
+# Stop 39's queue (bench/device/README.md): the 0.6B at 200/s guided under MPS with N engines each (default: 2 3), 0.25
+# of the GPU's memory each, as stop 38. One engine is one CUDA client, which MPS does not change; masks_ab.sh's eng2_own
+# is the same sitting's two engines without MPS.
+# bash bench/device/with_mps.sh bash bench/device/mps_small_engines.sh [N ...]   (carry .devrun: tokenizer, dev reviews)
 . bench/device/loads.sh
-run mps_eng1 150
-run mps_eng2 170 --set serve.engines=2 --set engine.gpu_memory_utilization=0.5   # 0.25 each, as stop 38
-run mps_eng3 200 --set serve.engines=3 --set engine.gpu_memory_utilization=0.75  # 0.25 each
+for n in ${@:-2 3}; do
+  run mps_eng$n $((130 + 35 * n)) --set serve.engines=$n --set engine.gpu_memory_utilization=0.$((25 * n))
+done

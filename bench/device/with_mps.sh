@@ -20,4 +20,10 @@ servers() { echo get_server_list | nvidia-cuda-mps-control 2>/dev/null | tr '\n'
 ( sleep 60; echo "with_mps: MPS servers after 60 s: $(servers)" ) & watcher=$!
 stop() { kill "$watcher" 2>/dev/null; echo "with_mps: MPS servers: $(servers)"; echo quit | nvidia-cuda-mps-control; }
 trap stop EXIT
+# A CUDA client first: if it cannot reach the GPU through the daemon (a compute mode or a container that MPS cannot
+# serve), say so and run nothing, rather than a queue of loads whose engines fail their start.
+if ! timeout 120 python3 -c "import torch; torch.zeros(1, device='cuda'); print('with_mps: probe', torch.cuda.get_device_name())"; then
+  echo "with_mps: a CUDA client failed under MPS" >&2; exit 3
+fi
+echo "with_mps: MPS servers after the probe: $(servers)"
 "$@"
