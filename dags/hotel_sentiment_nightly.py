@@ -36,7 +36,7 @@ Settings (environment of the DAG processor and the worker; all optional):
 | variable | default | meaning |
 |---|---|---|
 | QWENSPARK_HOME | the repo holding this file | root of the qwenspark checkout on the worker |
-| QWENSPARK_CONFIG | $QWENSPARK_HOME/conf/local.yaml | job config (relative paths in it: from the worker's cwd) |
+| QWENSPARK_CONFIG | $QWENSPARK_HOME/conf/local.yaml | job config (relative paths: cwd; `${CONFIG_DIR}`: its folder) |
 | QWENSPARK_PYTHON | $QWENSPARK_HOME/.venv/bin/python | python of the Spark venv (its bin/ also holds spark-submit) |
 | QWENSPARK_SPARK_HOME | pyspark inside that venv | SPARK_HOME given to spark-submit |
 | QWENSPARK_JDBC_JAR | /usr/share/java/mariadb-java-client.jar | MariaDB Connector/J |

@@ -117,7 +117,9 @@ def template_text(name: str) -> str:
 
     if name not in TEMPLATES:
         raise ConfigError(f"no config template {name!r}; choose one of {', '.join(TEMPLATES)}")
-    return (resources.files("qwenspark") / "templates" / f"{name}.yaml").read_text(encoding="utf-8")
+    text = (resources.files("qwenspark") / "templates" / f"{name}.yaml").read_text(encoding="utf-8")
+    # conf/local.yaml names the checkout's .cache and .run, above conf/; a copy keeps them beside itself.
+    return text.replace("${CONFIG_DIR}/../", "${CONFIG_DIR}/")
 
 
 def resolve_config_path(given: str | None) -> Path:

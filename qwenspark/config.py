@@ -791,8 +791,26 @@ def _message(msg: str) -> str:
     return msg.removeprefix("Value error, ")
 
 
+# In a config file's values: the folder the file is in, so that its paths hold from any working folder (conf/local.yaml
+# names the checkout's .cache and .run this way). Plain relative paths stay the working folder's: on YARN, --files puts
+# a file in each container's working folder, and a config written for that names it so.
+CONFIG_DIR = "${CONFIG_DIR}"
+
+
+def anchor_paths(tree: Any, folder: str) -> Any:
+    """tree with ${CONFIG_DIR} in its strings replaced by folder (a path that starts with it, normalised)."""
+    if isinstance(tree, dict):
+        return {key: anchor_paths(value, folder) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [anchor_paths(value, folder) for value in tree]
+    if isinstance(tree, str) and CONFIG_DIR in tree:
+        value = tree.replace(CONFIG_DIR, folder)
+        return os.path.normpath(value) if tree.startswith(CONFIG_DIR) else value
+    return tree
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> QwenSparkConfig:
-    """Read YAML, apply overrides, validate; errors name the offending key."""
+    """Read YAML, apply overrides, anchor ${CONFIG_DIR}, validate; errors name the offending key."""
     tree: dict[str, Any] = {}
     if path is not None:
         try:
@@ -804,6 +822,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         tree = loaded
     for item in overrides or []:
         set_path(tree, *parse_override(item))
+    # Overrides may name it too (--set engine.model=${CONFIG_DIR}/../models/x); without a file: the working folder.
+    tree = anchor_paths(tree, str(Path(path).absolute().parent) if path is not None else os.getcwd())
     return validate_config(tree, f" {path}" if path else "")
 
 

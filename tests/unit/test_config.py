@@ -1,5 +1,6 @@
 """Config: YAML + overrides load typed; bad keys and secrets on argv fail with the key named."""
 
+import json
 import os
 import subprocess
 import sys
@@ -223,3 +224,28 @@ def test_several_service_engines_need_vllm_and_room_on_the_gpu() -> None:
         load_config(LOCAL, ["serve.engines=2", "engine.kind=transformers"])
     # the service's share is split among its engines (resources.share_gpu_memory): any share fits
     assert load_config(LOCAL, ["serve.engines=3", "engine.gpu_memory_utilization=0.9"]).serve.engines == 3
+
+
+def test_the_shipped_config_finds_the_checkout_from_any_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # a user in another folder: conf/local.yaml's paths are the checkout's, not the cwd's
+    cfg = load_config(LOCAL)
+    assert cfg.engine.model == str(ROOT / ".cache" / "models" / "qwen2.5-coder-0.5b-instruct")
+    assert cfg.db.password_file == ROOT / ".run" / "mariadb" / "qwenspark.password"
+    assert cfg.db.dashboard_password_file == ROOT / ".run" / "mariadb" / "qwenspark-dashboard.password"
+    assert cfg.engine.env["VLLM_CACHE_ROOT"] == str(ROOT / ".cache" / "vllm")
+    assert cfg.stream.checkpoint_location == str(ROOT / ".run" / "checkpoints" / "hotel_sentiment_stream")
+    assert "CONFIG_DIR" not in json.dumps(cfg.model_dump(mode="json"))
+
+
+def test_config_dir_is_the_files_folder_and_plain_paths_stay_the_cwds(monkeypatch: pytest.MonkeyPatch,
+                                                                      tmp_path: Path) -> None:
+    conf = tmp_path / "etc" / "my.yaml"
+    conf.parent.mkdir()
+    conf.write_text("engine:\n  kind: transformers\n  model: ${CONFIG_DIR}/m\n  tokenizer: tok\n"
+                    "  env:\n    A: x-${CONFIG_DIR}\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(Path("etc/my.yaml"), ["engine.max_tokens=8", "db.password_file=${CONFIG_DIR}/../pw"])
+    assert cfg.engine.model == str(tmp_path / "etc" / "m")
+    assert cfg.engine.tokenizer == "tok", "a plain relative path is left to the working folder"
+    assert cfg.engine.env["A"] == f"x-{tmp_path / 'etc'}", "inside a value: replaced, not normalised"
+    assert cfg.db.password_file == tmp_path / "pw", "an override may name it too"

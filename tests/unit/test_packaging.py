@@ -108,11 +108,17 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpr
 
 
 def test_cli_outside_the_checkout(tmp_path: Path) -> None:
-    # config-template works from any folder and prints conf/NAME.yaml.
+    # config-template works from any folder and prints conf/NAME.yaml, whose ${CONFIG_DIR}/../ (the checkout's .cache
+    # and .run, above conf/) becomes ${CONFIG_DIR}/: a copy's paths are beside it, wherever it is kept.
     for name in TEMPLATES:
         out = _cli(["config-template", name], cwd=tmp_path)
         assert out.returncode == 0, out.stderr
-        assert out.stdout == (ROOT / "conf" / f"{name}.yaml").read_text(encoding="utf-8")
+        shipped = (ROOT / "conf" / f"{name}.yaml").read_text(encoding="utf-8")
+        assert out.stdout == shipped.replace("${CONFIG_DIR}/../", "${CONFIG_DIR}/")
+    copy = tmp_path / "etc" / "my.yaml"
+    copy.parent.mkdir()
+    copy.write_text(_cli(["config-template", "local"], cwd=tmp_path).stdout, encoding="utf-8")
+    assert load_config(copy).engine.model == str(tmp_path / "etc" / ".cache" / "models" / "qwen2.5-coder-0.5b-instruct")
     # No --config, no $QWENSPARK_CONFIG, no conf/local.yaml here: one clear error line, exit 2.
     out = _cli(["init-db"], cwd=tmp_path)
     assert out.returncode == 2
