@@ -247,6 +247,20 @@ def share_cores(cfg: EngineConfig, count: int, cores: Sequence[int], gpu: bool =
     return [cfg.model_copy(update={"env": {**share, **cfg.env}}) for share in shares]
 
 
+# Threads of xgrammar's batch matcher for the service's engine on a GPU (engine.batch_grammar_masks unset). One step's
+# masks for 80 answers on the lent H100's host CPU: 4.47 ms one after another (vLLM's fill), 1.23 ms on 4 threads,
+# 0.92 ms on 8; one thread is no faster than vLLM's (bench/results/serve_latency_h100_stop39.json). Half the cores
+# leaves the rest to the workers and the engine core's step loop.
+MASK_THREADS_MAX = 8
+
+
+def service_mask_threads(cores: int) -> int:
+    """Batch matcher threads for a service engine on a GPU, given the process's cores: half, at most 8; 0 (vLLM's own
+    fill) where that is under 2."""
+    threads = min(MASK_THREADS_MAX, cores // 2)
+    return threads if threads >= 2 else 0
+
+
 # vLLM's own share of a GPU's memory for an engine that is given none (EngineArgs.gpu_memory_utilization).
 VLLM_DEFAULT_GPU_SHARE = 0.9
 

@@ -25,8 +25,8 @@ def apply_env(cfg: EngineConfig) -> None:
     """Set the engine's environment before vllm/torch are imported (they read it at import time)."""
     # Spark's Python workers are forked daemons: a forked CUDA context is unusable, so vLLM must spawn.
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    if cfg.batch_grammar_masks:  # read by the vLLM plugin in each process vLLM starts (engines/vllm_masks.py)
-        os.environ[MASKS_ENV] = str(cfg.batch_grammar_masks)
+    if cfg.batch_grammar_masks is not None:  # read by the vLLM plugin in each process vLLM starts (vllm_masks.py)
+        os.environ[MASKS_ENV] = str(cfg.batch_grammar_masks)  # 0 too: a chosen 0 wins over an inherited count
     os.environ.update(cfg.env)
 
 

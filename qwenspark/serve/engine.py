@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -169,6 +169,17 @@ class DeadEnds:
         return self._viable(self.text, *self._rules)
 
 
+def gpu_mask_threads(cfg: EngineConfig, environ: MutableMapping[str, str], cores: int) -> int:
+    """Threads of xgrammar's batch matcher for a service engine on a GPU, put in environ for its engine core's vLLM
+    plugin: engine.batch_grammar_masks (apply_env set it), else the environment's, else half the cores, at most 8."""
+    from qwenspark.engines.vllm_masks import ENV
+    from qwenspark.resources import service_mask_threads
+
+    if cfg.batch_grammar_masks is None:
+        environ.setdefault(ENV, str(service_mask_threads(cores)))
+    return int(environ.get(ENV) or 0)
+
+
 class AsyncVllm:
     """vLLM's AsyncLLM (its public async API): concurrent requests join one continuous batch; each prompt is handed
     over as token ids, tokenised once here."""
@@ -198,6 +209,9 @@ class AsyncVllm:
         kwargs = engine_kwargs(cfg)
         if on_gpu():
             gpu_env(os.environ, chosen=os.environ)  # engine.env (applied above) and the shell win
+            threads = gpu_mask_threads(cfg, os.environ, len(os.sched_getaffinity(0)))
+            log.info("serve: grammar masks filled %s", f"by xgrammar's batch matcher on {threads} threads"
+                     if threads else "by vLLM, one answer after another")
             kwargs = gpu_kwargs(kwargs)
             log.info("serve: vLLM on the GPU with %s sequences at once, %s tokens a step, CUDA graphs %s",
                      kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"], kwargs.get("compilation_config", "off"))

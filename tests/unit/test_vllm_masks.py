@@ -124,3 +124,27 @@ def test_the_engine_setting_reaches_the_environment_vllm_starts_from(monkeypatch
     assert vllm_masks.ENV not in os.environ
     apply_env(EngineConfig(kind="vllm", model="m", batch_grammar_masks=4))
     assert os.environ[vllm_masks.ENV] == "4"
+    apply_env(EngineConfig(kind="vllm", model="m"))  # unset leaves it to the environment (the service decides)
+    assert os.environ[vllm_masks.ENV] == "4"
+    apply_env(EngineConfig(kind="vllm", model="m", batch_grammar_masks=0))  # a chosen 0 wins over an inherited 4
+    assert os.environ[vllm_masks.ENV] == "0"
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 0), (3, 0), (4, 2), (8, 4), (16, 8), (128, 8)])
+def test_service_mask_threads_are_half_the_cores_at_most_8(cores: int, threads: int) -> None:
+    from qwenspark.resources import service_mask_threads
+
+    assert service_mask_threads(cores) == threads
+
+
+def test_the_service_on_a_gpu_takes_the_batch_matcher_unless_told_otherwise() -> None:
+    from qwenspark.config import EngineConfig
+    from qwenspark.serve.engine import gpu_mask_threads
+
+    unset = EngineConfig(kind="vllm", model="m")
+    environ: dict[str, str] = {}
+    assert gpu_mask_threads(unset, environ, 16) == 8 and environ == {vllm_masks.ENV: "8"}
+    assert gpu_mask_threads(unset, {}, 2) == 0, "under 4 cores: vLLM's own fill"
+    assert gpu_mask_threads(unset, {vllm_masks.ENV: "3"}, 16) == 3, "the shell's count wins"
+    chosen = {vllm_masks.ENV: "0"}  # what apply_env sets for engine.batch_grammar_masks: 0
+    assert gpu_mask_threads(EngineConfig(kind="vllm", model="m", batch_grammar_masks=0), chosen, 16) == 0
