@@ -143,8 +143,9 @@ def test_the_service_on_a_gpu_takes_the_batch_matcher_unless_told_otherwise() ->
 
     unset = EngineConfig(kind="vllm", model="m")
     environ: dict[str, str] = {}
-    assert gpu_mask_threads(unset, environ, 16) == 8 and environ == {vllm_masks.ENV: "8"}
-    assert gpu_mask_threads(unset, {}, 2) == 0, "under 4 cores: vLLM's own fill"
-    assert gpu_mask_threads(unset, {vllm_masks.ENV: "3"}, 16) == 3, "the shell's count wins"
+    assert gpu_mask_threads(unset, environ, 16) == "8" and environ == {vllm_masks.ENV: "8"}
+    assert gpu_mask_threads(unset, {}, 2) == "", "under 4 cores: vLLM's own fill"
+    assert gpu_mask_threads(unset, {vllm_masks.ENV: "3"}, 16) == "3", "the shell's count wins"
+    assert gpu_mask_threads(unset, {vllm_masks.ENV: "auto"}, 16) == "auto", "xgrammar's own count, as the plugin reads"
     chosen = {vllm_masks.ENV: "0"}  # what apply_env sets for engine.batch_grammar_masks: 0
-    assert gpu_mask_threads(EngineConfig(kind="vllm", model="m", batch_grammar_masks=0), chosen, 16) == 0
+    assert gpu_mask_threads(EngineConfig(kind="vllm", model="m", batch_grammar_masks=0), chosen, 16) == ""
