@@ -4,7 +4,7 @@
 # service's default (the batch matcher since stop 39): the same sitting's baseline for MPS (mps_small_engines.sh).
 # bash bench/device/masks_ab.sh   (carry .devrun)
 . bench/device/loads.sh
-run masks_own 200 --set engine.batch_grammar_masks=0   # vLLM's own fill (the service's default on a GPU since stop 39: 8)
+run masks_own 200 --set engine.batch_grammar_masks=0   # vLLM's own fill (since stop 39 the service's default on a GPU is the batch matcher)
 run masks_batch8 150 --set engine.batch_grammar_masks=8
 PYTHONPATH=/tmp/site:$PWD/bench/device:/tmp/site-extra timeout 90 python3 bench/grammar_masks.py --tokenizer .devrun/tok --threads 1,2,4,8 \
   --json-out $OUT/grammar_masks_host.json | tail -8

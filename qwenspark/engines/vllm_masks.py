@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 # Under vLLM's logger, whose handler vLLM sets up once it reads the engine's config (after the plugins are loaded).
@@ -30,11 +31,17 @@ _MATCHERS: dict[str, Any] = {}  # one BatchGrammarMatcher (its thread pool) per 
 FILLED = {"steps": 0}  # steps whose masks the batch matcher filled, in this process (tests read it)
 
 
+def asked(environ: Mapping[str, str] = os.environ) -> str:
+    """The batch matcher's threads that environ's ENV asks for (a count or "auto"); "" where vLLM fills the masks."""
+    threads = environ.get(ENV, "").strip()
+    return "" if threads in ("", "0") else threads
+
+
 def register() -> None:
     """vLLM's general-plugin hook: patch StructuredOutputManager.grammar_bitmask where ENV asks for it (idempotent,
     as vLLM may load plugins more than once per process)."""
-    threads = os.environ.get(ENV, "").strip()
-    if not threads or threads == "0":
+    threads = asked()
+    if not threads:
         return
     from vllm.v1.structured_output import StructuredOutputManager
 

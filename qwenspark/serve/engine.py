@@ -173,13 +173,12 @@ def gpu_mask_threads(cfg: EngineConfig, environ: MutableMapping[str, str], cores
     """Threads of xgrammar's batch matcher for a service engine on a GPU, put in environ for its engine core's vLLM
     plugin: engine.batch_grammar_masks (apply_env set it), else the environment's (a count or "auto"), else half the
     cores, at most 8; "" where vLLM fills the masks itself."""
-    from qwenspark.engines.vllm_masks import ENV
+    from qwenspark.engines.vllm_masks import ENV, asked
     from qwenspark.resources import service_mask_threads
 
     if cfg.batch_grammar_masks is None:
         environ.setdefault(ENV, str(service_mask_threads(cores)))
-    threads = environ.get(ENV, "").strip()
-    return "" if threads in ("", "0") else threads
+    return asked(environ)
 
 
 class AsyncVllm:
