@@ -47,6 +47,9 @@ log = logging.getLogger("qwenspark.serve")
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _INT64 = (-(2**63), 2**63 - 1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Service.warm's reviews: one for each language the prompts have (the language found from the text, as for a request
+# that names none).
+WARM_REVIEWS = ("The room was clean and the staff were friendly.", "房间干净，服务很好。")
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -226,6 +229,37 @@ class Service:
 
     def prepare(self, reviews: list[Review]) -> PreparedBatch:
         """The reviews as the executor gets them (clean's rules, in Python); Refused for what clean rejects."""
+        rows = self._rows(reviews)
+        optimistic = self.optimism.choose() if self.optimism is not None else False
+        if self.optimism is not None and not optimistic:
+            self.metrics.guided_first.inc(len(rows))
+        batch = PreparedBatch(self.engine, pd.DataFrame(rows, columns=CLEAN_SCHEMA.fieldNames()), self.spec,
+                              optimistic=optimistic, optimism=self.optimism)
+        for i, error in enumerate(batch.errors):
+            if error is not None:  # the guard left nothing but instructions to the model
+                raise Refused(400, f"reviews[{i}].text: {error}")
+        return batch
+
+    def warm(self) -> list[str]:
+        """Do before the first request what this process's first request would do on its own, and return the
+        languages of the prompts it built: load the prompt version's label head and build a prompt per language
+        (the chat template's compile, the tokenised text around a review). Done by the first request instead, it
+        held that process's event loop 70-100 ms on this CPU with every request behind it waiting (each of
+        serve.workers' processes does it; README, stop 40). Nothing is generated, counted or stored."""
+        rows = self._rows([Review(text, None, None, 0, None) for text in WARM_REVIEWS])
+        batch = PreparedBatch(self.engine, pd.DataFrame(rows, columns=CLEAN_SCHEMA.fieldNames()), self.spec,
+                              optimistic=False)
+        prompts = getattr(self.engine, "prompts", None)  # vLLM's engines, own or shared, build token ids here
+        langs = [batch.langs[i] for i in batch.todo]
+        for j, i in enumerate(batch.todo):
+            if prompts is not None:
+                prompts.prompt(batch.conversations[j])
+            if batch.head is not None:  # the head's first vote reads its language's features
+                batch.head.label("positive", None, batch.texts[i], langs[j])
+        return langs
+
+    def _rows(self, reviews: list[Review]) -> list[dict[str, Any]]:
+        """The clean stage's rows for the reviews; Refused for what clean rejects."""
         max_chars, rows = self.cfg.clean.max_chars, []
         for n, review in enumerate(reviews):
             if len(review.text) > max_chars:
@@ -243,15 +277,7 @@ class Service:
                 else (review.created_at - _EPOCH) // timedelta(microseconds=1),
                 "lang": lang, "text": text, "input_key": self.input_key(lang, review.text), "clean_error": None,
             })
-        optimistic = self.optimism.choose() if self.optimism is not None else False
-        if self.optimism is not None and not optimistic:
-            self.metrics.guided_first.inc(len(rows))
-        batch = PreparedBatch(self.engine, pd.DataFrame(rows, columns=CLEAN_SCHEMA.fieldNames()), self.spec,
-                              optimistic=optimistic, optimism=self.optimism)
-        for i, error in enumerate(batch.errors):
-            if error is not None:  # the guard left nothing but instructions to the model
-                raise Refused(400, f"reviews[{i}].text: {error}")
-        return batch
+        return rows
 
     def admit(self, n: int) -> None:
         if self.admitted + n > self.cfg.serve.max_queue:
@@ -534,6 +560,10 @@ def serve_one(cfg: QwenSparkConfig, host: str, port: int, *, sock: socket.socket
         if writer is not None:
             await writer.start()
         service = Service(cfg, started, store=writer.put if writer is not None else None, worker=worker)
+        began = time.perf_counter()
+        langs = service.warm()
+        log.info("serve: prompts built for %s in %.0f ms before the first request", ", ".join(langs),
+                 (time.perf_counter() - began) * 1000)
 
         service.metrics.pauses.start()
 

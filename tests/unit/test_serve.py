@@ -7,6 +7,8 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -217,6 +219,34 @@ def test_too_few_fitting_first_answers_turn_optimism_off_but_for_probes(fits: bo
         assert each[2:21] == [guided] * 19 and each[22:] == [guided] * 3, each
         assert "qwenspark_serve_guided_first_total 22.0" in metrics
         assert "qwenspark_serve_optimistic_fit_share 0.0" in metrics
+
+
+def test_warm_loads_the_head_and_builds_each_languages_prompt_before_the_first_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from qwenspark import label_head
+
+    reads: list[Path] = []
+    read = label_head.read_head
+    monkeypatch.setattr(label_head, "read_head", lambda path: reads.append(path) or read(path))
+    label_head.get_head.cache_clear()  # loaded once per process: this process may hold it from another test
+    built: list[Sequence[Message]] = []
+
+    class WithPrompts(Misfit):
+        prompts = SimpleNamespace(prompt=lambda conversation: built.append(conversation) or [0])
+
+    cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
+                           "prompt": {"version": "v13"}, "serve": {"optimistic_min_fit": 0.6}})
+    engine = WithPrompts(first="negative", retried="negative", fits=True)
+    service = Service(cfg, engine)
+    assert service.warm() == ["en", "zh"]
+    assert [path.stem for path in reads] == ["h1-qwen2.5-coder-0.5b"]  # v13's head, read from its file once
+    assert [conversation[-1]["content"].count("房间干净") for conversation in built] == [0, 1]  # the zh prompt's
+    assert engine.attempts == []  # nothing generated
+    got = _run(_client(service).post("/v1/analyze", json={"text": "The room was dirty.", "review_id": 1}))
+    assert got.status_code == 200 and got.json()["results"][0]["error"] is None, got.text
+    assert len(reads) == 1 and len(engine.attempts) == 1  # the first request found the head loaded
+    metrics = _run(_client(service).get("/metrics")).text
+    assert 'qwenspark_serve_reviews_total{outcome="ok"} 1.0' in metrics  # the warm-up's reviews are not counted
 
 
 def test_overload_gets_429_with_retry_after_and_memory_stays_bounded() -> None:
