@@ -49,15 +49,13 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait(timeout=60)
-    seen: set[int] = set()
     first: dict[int, float] = {}
     later: list[float] = []
     for worker, ms in sent:
-        if worker in seen:
+        if worker in first:
             later.append(ms)
         else:
             first[worker] = ms
-            seen.add(worker)
     later.sort()
     median = later[len(later) // 2] if later else float("nan")
     figures: dict[str, Any] = {
