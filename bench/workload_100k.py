@@ -252,7 +252,7 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
     cfg = templated(EngineConfig(
         kind="vllm", model=model, batch_size=args.batch_size, max_in_flight=args.max_in_flight,
         max_tokens=args.max_tokens, max_model_len=4096, gpu_memory_utilization=None if on_cpu else args.gpu_memory,
-        enforce_eager=on_cpu, engine_kwargs=engine_kwargs, repair_penalty=0.0,
+        enforce_eager=on_cpu, engine_kwargs=engine_kwargs, repair_penalty=0.0, yield_to_service=args.yield_to_service,
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"} if on_cpu else dict(args.env),
     ), version)
     cfg, devices = pin_task_gpus(cfg)
@@ -311,6 +311,8 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
         "optimistic": cfg.optimistic, "unguided_valid_share": valid_share if cfg.optimistic else None,
         "retried_with_grammar": valid.retried if valid is not None else 0,
         "projected_min_per_100k": round(TARGET_REVIEWS / exec_rps / 60, 1), "detokenize": args.detokenize,
+        "yield_to_service": args.yield_to_service,
+        "held_for_service_s": round(engine._yielding.held_s, 1) if getattr(engine, "_yielding", None) else 0.0,
     }
     if costs is not None:
         b = bounds(costs, concurrency=args.max_in_flight, prompt_tokens=tokens_in, cached_tokens=cached,
@@ -369,6 +371,9 @@ def main() -> int:
                         "every token as it is decoded (the job before; to measure the lever)")
     p.add_argument("--env", action="append", default=[], type=lambda kv: tuple(kv.split("=", 1)), metavar="NAME=VALUE",
                    help="the GPU engine's engine.env (e.g. OMP_NUM_THREADS=16: the pool engines.vllm.GPU_ENV caps)")
+    p.add_argument("--yield-to-service", type=float, default=0.0,
+                   help="engine.yield_to_service: the executor phase's engine stands still this share of the time "
+                        "while a service on this host has answers in flight (bench/serve_latency.py --alongside)")
     p.add_argument("--json-out", type=Path)
     args = p.parse_args()
     if args.detokenize == "each":

@@ -354,6 +354,13 @@ class EngineConfig(_Section):
         "(README, stop 38). 0: vLLM's own fill. Unset: the service on a GPU uses half its cores, at most 8 (stop 39, "
         "an H100: 189-193 answers/s against 174, label P99 0.61-0.65 s against 1.52 s); elsewhere vLLM's own.",
     )
+    yield_to_service: float = Field(
+        0.0, ge=0.0, le=0.95, description="vLLM, the batch and stream beside `qwenspark serve` on the same GPU (or "
+        "CPU): the share of time this engine stands still while a service on the same host and devices has answers "
+        "in flight (qwenspark/engines/yielding.py: the services publish their count in /dev/shm; vLLM's "
+        "pause_generation keeps the batch's requests). 0.8: 160 ms of every 200 ms, the batch running the rest. 0: "
+        "never (the default); at most 0.95, so that the batch always moves.",
+    )
     repair_penalty: float | None = Field(
         None, ge=0.0, le=2.0, description="An answer cut by max_tokens or with a looping summary is generated once "
         "more with this frequency penalty (None or 0: stored as it came). The job sets it from prompt.version's "

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # their path. Workers inherit the driver JVM's environment, which is taken from this process at Spark's start.
 if str(ROOT) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+# The services the tests start publish their answers in flight on a board of this run's own, not on the host's
+# (/dev/shm/qwenspark-services), where a user's batch beside them would give way to a test (engine.yield_to_service).
+os.environ.setdefault("QWENSPARK_SERVICE_BOARD", tempfile.mkdtemp(prefix="qwenspark-board-"))
 
 
 @pytest.fixture(scope="session")

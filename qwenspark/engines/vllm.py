@@ -203,6 +203,7 @@ class VllmEngine:
         apply_env(cfg)
         import_vllm()
         from qwenspark.engines.vllm_feeds import EventLoop, InProcess, core_in_process, engine_args
+        from qwenspark.engines.yielding import yielding
 
         if on_gpu():
             # Only engine.env counts as the user's choice here: in a Spark task OMP_NUM_THREADS is Spark's.
@@ -210,7 +211,8 @@ class VllmEngine:
         self.model_name = cfg.model
         in_process = core_in_process()  # the engine's env decides (conf/local.yaml: in this process on CPU)
         args = engine_args(engine_kwargs(cfg), cfg.model, asynchronous=not in_process)
-        self._feed: Feed = InProcess(args) if in_process else EventLoop(args)
+        self._yielding = yielding(cfg.yield_to_service)
+        self._feed: Feed = InProcess(args, self._yielding) if in_process else EventLoop(args, self._yielding)
         self._tokenizer = self._feed.tokenizer
         self._encode = fast_encode(self._tokenizer)
         self._prompt_ids = PromptIds(self.encode)
@@ -218,6 +220,11 @@ class VllmEngine:
         self._ids = itertools.count()
         self._params = sampling_params(cfg, final_only=True)
         log.info("vLLM engine for %s: engine core %s", cfg.model, "in this process" if in_process else "in its own")
+        if self._yielding is not None:
+            log.info("vLLM engine: stands still %.0f %% of the time while a service on %s has answers in flight "
+                     "(engine.yield_to_service, the board in %s)", 100 * cfg.yield_to_service,
+                     f"GPUs {self._yielding.board.mine}" if self._yielding.board.mine else "this host",
+                     self._yielding.board.folder)
 
     @property
     def vllm_config(self) -> Any:
@@ -289,6 +296,9 @@ class VllmEngine:
         if feed is None:
             return
         feed.shutdown()
+        if self._yielding is not None:  # after the feed: its loop reads the board until it stops
+            log.info("vLLM engine: stood still %.1f s for services on this host", self._yielding.held_s)
+            self._yielding.board.close()
         del feed
         _release_process_memory()
 

@@ -6,17 +6,27 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from qwenspark.errors import EngineError, RequestError
 
+if TYPE_CHECKING:
+    from qwenspark.engines.yielding import Yielding
+
+log = logging.getLogger(__name__)
+
 # How long finished() waits for an answer before it returns nothing (the caller then asks again).
 _WAIT_S = 1.0
+# How often a yielding batch looks at the services' board (engine.yield_to_service): a service's first answer waits
+# at most this long, plus the batch's step then running, before the batch stands still.
+_LOOK_S = 0.005
 
 
 class Feed(Protocol):
@@ -113,7 +123,7 @@ class InProcess:
     """vllm.LLMEngine, vLLM's documented engine-level API (its llm_engine_example), with the engine core in this
     process (VLLM_ENABLE_V1_MULTIPROCESSING=0, as on CPU): each finished() runs one engine step here."""
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: Any, yielding: Yielding | None = None) -> None:
         from vllm import LLMEngine
 
         inspect_here(str(args.model))
@@ -121,11 +131,17 @@ class InProcess:
         self._prompt = token_prompt()
         self.tokenizer = self._engine.get_tokenizer()
         self.vllm_config = self._engine.vllm_config
+        self._yielding = yielding
 
     def add(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
         self._engine.add_request(request_id, self._prompt(prompt_ids), params)
 
     def finished(self) -> list[tuple[str, Any]]:
+        if self._yielding is not None:  # a service on this host is answering: no step now (the caller asks again)
+            hold = self._yielding.hold(time.monotonic())
+            if hold > 0:
+                time.sleep(min(hold, _LOOK_S))
+                return []
         # vLLM reports the id we gave (newer releases add a random suffix internally only).
         return [(out.request_id, out) for out in self._engine.step() if out.finished]
 
@@ -144,7 +160,7 @@ class EventLoop:
     event loop in a daemon thread, so the caller's thread (a Spark task's, with no loop of its own) only adds
     requests and collects finished answers, which reach it through a queue."""
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: Any, yielding: Yielding | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="qwenspark-vllm", daemon=True)
         self._thread.start()
@@ -162,6 +178,9 @@ class EventLoop:
         from qwenspark.engines.vllm import client_errors
 
         self._prompt, self._client_errors = token_prompt(), client_errors()
+        # Held here: the loop keeps only a weak reference to its tasks.
+        self._giving = None if yielding is None else asyncio.run_coroutine_threadsafe(give_way(self._llm, yielding),
+                                                                                       self._loop)
 
     @staticmethod
     async def _build(args: Any) -> Any:
@@ -228,6 +247,26 @@ class EventLoop:
             asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result(timeout=30)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+
+
+async def give_way(llm: Any, yielding: Yielding) -> None:
+    """Pause the engine core's scheduling (vLLM's pause_generation, keeping every request and its cache) while the
+    duty cycle holds, resume it when it runs: for as long as the engine lives."""
+    paused = False
+    try:
+        while True:
+            hold = yielding.hold(time.monotonic())
+            if (hold > 0) != paused:
+                if hold > 0:
+                    await llm.pause_generation(mode="keep", clear_cache=False)
+                else:
+                    await llm.resume_generation()
+                paused = hold > 0
+            await asyncio.sleep(min(hold, _LOOK_S) if hold > 0 else _LOOK_S)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # an engine core that is gone fails its requests, which say so; the batch runs on
+        log.warning("engine.yield_to_service: the batch no longer gives way (%s: %s)", type(exc).__name__, exc)
 
 
 async def _cancel_all() -> None:

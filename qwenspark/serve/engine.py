@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Engine, Message, Retry
 from qwenspark.engines.vllm_feeds import token_prompt
+from qwenspark.engines.yielding import publish, unpublish
 from qwenspark.errors import EngineError, RequestError
 
 log = logging.getLogger("qwenspark.serve")
@@ -196,6 +197,8 @@ class AsyncVllm:
         self._pinned: dict[tuple[str | None, str], Any] = {}  # (language, label) -> its StructuredOutputsParams
         self._ids = itertools.count()
         self._prompt = token_prompt()
+        # Batch engines on this host read it to give way (engine.yield_to_service; qwenspark/engines/yielding.py).
+        self._busy = publish()
 
     @classmethod
     async def start(cls, cfg: EngineConfig) -> AsyncVllm:
@@ -291,6 +294,8 @@ class AsyncVllm:
         params = self._settings(lang, retry, pin)
         reader = self._dead_ends(lang, params)
         answer: list[int] = []
+        if self._busy is not None:
+            self._busy.add(1)
         try:
             # AsyncLLM aborts the request itself when this iteration is cancelled (a client gone, a timeout) or
             # closed (a dead end).
@@ -314,6 +319,9 @@ class AsyncVllm:
         except Exception as exc:  # the engine core failed or died: the service answers 503, never error rows
             log.exception("serve: the engine failed")
             raise EngineError(f"vllm: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if self._busy is not None:
+                self._busy.add(-1)
 
     def _dead_ends(self, lang: str | None, params: Any) -> DeadEnds | None:
         """A reader of an attempt's dead ends, for an answer in lines written without the grammar (an optimistic
@@ -333,6 +341,9 @@ class AsyncVllm:
         llm, self._llm = self._llm, None
         if llm is not None:
             shut_down(llm)
+        if self._busy is not None:
+            self._busy = None
+            unpublish()
 
 
 class Threaded:

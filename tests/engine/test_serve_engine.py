@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import uvicorn
 
 from qwenspark.config import validate_config
+from qwenspark.errors import EngineError
 from qwenspark.prompts import get_template
 from qwenspark.schemas import SENTIMENTS
 from qwenspark.scoring import in_language
@@ -225,3 +227,54 @@ def test_dead_ends_are_read_only_in_unguided_answers_and_whole_characters(tiny_m
     # the grammar's attempt is never cut
     guided = asyncio.run(run('negative\n"Dirty room"\n', "grammar"))
     assert guided.finish_reason == "stop" and len(closed) == 1
+
+
+def test_the_service_publishes_its_answers_in_flight_for_a_batch_beside_it(tiny_model: Path) -> None:
+    # engine.yield_to_service: a batch engine on the host reads these counts (qwenspark/engines/yielding.py).
+    from transformers import AutoTokenizer
+
+    from qwenspark.engines import yielding
+    from qwenspark.engines.vllm import sampling_params
+
+    engine_cfg = serve_engine_config(validate_config({"engine": {"kind": "vllm", "model": str(tiny_model)}}))
+    release = asyncio.Event()
+
+    class Llm:
+        async def generate(self, prompt: Any, settings: Any, request_id: str) -> Any:
+            await release.wait()
+            if request_id.endswith("-2"):
+                raise RuntimeError("engine core died")
+            yield _Out([1], True)
+
+        def shutdown(self) -> None:
+            pass
+
+    async def run() -> None:
+        engine = AsyncVllm(Llm(), AutoTokenizer.from_pretrained(tiny_model), sampling_params(engine_cfg), "m",
+                           engine_cfg)
+        board = yielding.Board(yielding.board_dir(), mine="")
+        mine = yielding.board_dir() / f"{os.getpid()}.busy"
+
+        def count() -> int:
+            return int(yielding._COUNT.unpack_from(mine.read_bytes())[0])
+
+        assert count() == 0 and not board.busy(time.monotonic())
+
+        async def answer() -> None:
+            async for _ in engine.steps([1, 2], None):
+                pass
+
+        answers = [asyncio.create_task(answer()) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        assert count() == 4 and board.busy(time.monotonic())
+        answers[3].cancel()  # a client gone
+        await asyncio.sleep(0.05)
+        assert count() == 3
+        release.set()
+        results = await asyncio.gather(*answers, return_exceptions=True)
+        assert isinstance(results[2], EngineError) and isinstance(results[3], asyncio.CancelledError)
+        assert count() == 0 and not board.busy(time.monotonic())
+        board.close()
+        await engine.close()
+
+    asyncio.run(run())
