@@ -22,6 +22,7 @@ import pytest
 
 from qwenspark.config import EngineConfig, load_config
 from qwenspark.engines import build_engine
+from qwenspark.engines.base import resolve_dtype
 from qwenspark.engines.openai import OpenAIEngine, _retry_after_s
 from qwenspark.errors import ConfigError, EngineError
 from qwenspark.parse import json_schema, parse_completion
@@ -452,7 +453,7 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(tiny_model),
         "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--enforce-eager", "--dtype", "bfloat16", "--seed", "0",
+        "--max-model-len", "2048", "--enforce-eager", "--dtype", resolve_dtype("auto", on_gpu=False), "--seed", "0",
         "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}',
         "--disable-log-stats", "--uvicorn-log-level", "warning",
     ]  # fmt: skip

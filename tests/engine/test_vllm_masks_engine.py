@@ -24,7 +24,7 @@ from qwenspark.prompts import get_template
 from tests.conftest import SAMPLE_REVIEWS
 
 template = get_template("v13-guided")
-cfg = EngineConfig(kind="vllm", model=sys.argv[1], dtype="bfloat16", max_tokens=96, max_model_len=2048,
+cfg = EngineConfig(kind="vllm", model=sys.argv[1], dtype="auto", max_tokens=96, max_model_len=2048,
                    summary_max_chars=template.summary_max_chars, summary_script=True, aspect_map=template.aspect_map,
                    answer_format=template.answer_format, batch_grammar_masks=2,
                    env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"})
