@@ -7,7 +7,10 @@ whose devices overlap its own has answers in flight, stands still for that share
 Beside a batch on one GPU the service's steps wait behind the batch's (README, stops 33-40: whole answer P99 0.67 s
 alone, 3.5-4.4 s beside the batch, MPS did not help); the batch gives way in software here, the one process that can
 tell when it matters. The batch always runs at least 1 - yield_to_service of the time (at most 0.95 is given away),
-so a service that hangs with answers in flight slows the batch but never stops it.
+so a service that hangs with answers in flight slows the batch but never stops it. The board is open to the host's
+users as /tmp is (a service and the executors may run as different users): whoever can write it can slow a yielding
+batch by that share, nothing more. Services and batches must share the pid namespace (a dead service's file is told
+by its pid) and the folder (a container's mount of /dev/shm, or QWENSPARK_SERVICE_BOARD).
 """
 
 from __future__ import annotations
