@@ -64,7 +64,8 @@ class Busy:
             with contextlib.suppress(OSError):  # sticky and open to all, as /tmp: services and batches of any user
                 folder.chmod(0o1777)
         _remove_dead(folder)
-        self.path = folder / f"{os.getpid()}.busy"
+        self._pid = os.getpid()
+        self.path = folder / f"{self._pid}.busy"
         page = bytearray(_SIZE)
         name = devices().encode()[: _SIZE - _COUNT.size]
         page[_COUNT.size : _COUNT.size + len(name)] = name
@@ -84,6 +85,8 @@ class Busy:
                 _COUNT.pack_into(self._map, 0, self.in_flight)
 
     def close(self) -> None:
+        if os.getpid() != self._pid:  # a forked child's exit (atexit runs there too): the file is its parent's
+            return
         with self._lock:
             if self._map is not None:
                 self._map.close()

@@ -21,12 +21,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # A service process: publishes on the board, takes counts on stdin ("+2", "-1"), says "ok" after each.
 SERVICE = r"""
-import sys
+import os, sys
 from qwenspark.engines.yielding import publish
 busy = publish()
 print("ok", flush=True)
 for line in sys.stdin:
-    busy.add(int(line))
+    if line.strip() == "fork":  # a child that exits as Python does, running the atexit handlers it inherited
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)
+        os.waitpid(child, 0)
+    else:
+        busy.add(int(line))
     print("ok", flush=True)
 """
 
@@ -39,9 +45,9 @@ def _service(board: Path, devices: str = "") -> subprocess.Popen[str]:
     return proc
 
 
-def _say(proc: subprocess.Popen[str], change: int) -> None:
+def _say(proc: subprocess.Popen[str], change: int | str) -> None:
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(f"{change:+d}\n")
+    proc.stdin.write(f"{change:+d}\n" if isinstance(change, int) else f"{change}\n")
     proc.stdin.flush()
     assert proc.stdout.readline().strip() == "ok"
 
@@ -53,6 +59,8 @@ def test_a_services_answers_in_flight_reach_a_batch_in_another_process(tmp_path:
         files = list(tmp_path.glob("*.busy"))
         assert [f.name for f in files] == [f"{service.pid}.busy"]
         assert not board.busy(0.0), "published, nothing in flight"
+        _say(service, "fork")
+        assert [f.name for f in tmp_path.glob("*.busy")] == [f"{service.pid}.busy"], "a forked child left it alone"
         _say(service, +2)
         assert board.busy(0.1), "read from the mapped file, without a rescan"
         _say(service, -1)
