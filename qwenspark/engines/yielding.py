@@ -22,6 +22,7 @@ import os
 import struct
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 # The board's folder: one file per service process, named by its pid. Shared memory where the host has it (nothing
@@ -130,21 +131,28 @@ def unpublish() -> None:
             _PROCESS.busy, _PROCESS.users = None, 0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
+def _files(folder: Path) -> Iterator[tuple[Path, bool]]:
+    """The board's service files, each with whether its process (the pid it is named by) is alive."""
+    for path in folder.glob("*.busy") if folder.is_dir() else ():
+        try:
+            pid = int(path.stem)
+        except ValueError:  # not one of ours
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            yield path, False
+            continue
+        except PermissionError:  # another user's process: alive
+            pass
+        yield path, True
 
 
 def _remove_dead(folder: Path) -> None:
     """Files left by services that died without closing (a kill -9): removed by the next service to start."""
-    for path in folder.glob("*.busy"):
-        with contextlib.suppress(ValueError, OSError):
-            if not _alive(int(path.stem)):
+    for path, alive in _files(folder):
+        if not alive:
+            with contextlib.suppress(OSError):
                 path.unlink()
 
 
@@ -165,12 +173,8 @@ class Board:
 
     def _rescan(self) -> None:
         seen: set[Path] = set()
-        for path in self.folder.glob("*.busy") if self.folder.is_dir() else ():
-            try:
-                pid = int(path.stem)
-            except ValueError:
-                continue
-            if not _alive(pid):
+        for path, alive in _files(self.folder):
+            if not alive:
                 continue
             seen.add(path)
             if path in self._maps:
