@@ -21,6 +21,7 @@ from qwenspark.calibrate import calibrated
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Engine, Message, Retry, StreamingEngine, Tokenizing, refusal
+from qwenspark.engines.dead_ends import DEAD_END
 from qwenspark.errors import RequestError
 from qwenspark.faults import failpoint
 from qwenspark.guard import strip_directives
@@ -376,6 +377,8 @@ class PreparedBatch:
             self.sentiment[i] = sentiment
 
     def _retry(self, done: Completion, parsed: Parsed, lang: str) -> Retry | None:
+        if self.optimistic and done.finish_reason == DEAD_END:  # the engine ended it where no answer could fit
+            return "grammar"
         if self.repairs and needs_repair(done.finish_reason, parsed):
             return "penalty"
         # optimistic: anything else unfit gets the grammar, except a refusal for the content ("error: ..."), which

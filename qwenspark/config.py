@@ -342,10 +342,11 @@ class EngineConfig(_Section):
     )
     optimistic_window: int = Field(200, ge=4, description="First answers the fitting share is read over (per engine).")
     cut_dead_ends: bool = Field(
-        True, description="The service, with an optimistic version whose answers are in lines (v13): an answer written "
-        "without the grammar ends at its first token past which no answer can fit it (a first line that is no label, "
-        "a summary past its bound or in the other script, a fourth line; parse.lines_viable), and the grammar's "
-        "attempt starts then instead of after the rest. Off: each such answer is written to its end (to compare).",
+        True, description="vLLM (the service, the batch and the stream), with an optimistic version whose answers are "
+        "in lines (v13): an answer written without the grammar ends at its first token past which no answer can fit "
+        "it (a first line that is no label, a summary past its bound or in the other script, a fourth line; "
+        "parse.lines_viable; qwenspark/engines/dead_ends.py), and the grammar's attempt starts then instead of after "
+        "the rest. Off: each such answer is written to its end (to compare).",
     )
     batch_grammar_masks: int | None = Field(
         None, ge=0, le=64, description="vLLM: fill each step's grammar masks with xgrammar's batch matcher on so many "

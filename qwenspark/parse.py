@@ -211,14 +211,24 @@ def _unquoted(summary: str) -> str:
 _ASPECT_PREFIX = re.compile(r"[a-z][a-z_/-]{0,31}(:[a-z]{0,16})?")
 
 
+# Whitespace an unguided answer in lines may begin with before it is dropped (lines_viable): the grammar's answers
+# begin with their label at once.
+LEADING_BLANKS = 8
+
+
 def lines_viable(text: str, lang: str | None, summary_max_chars: int | None = None,
                  summary_script: bool = False) -> bool:
     """Whether an answer in lines written without the grammar (engine.optimistic) can still end as one that fits:
     one parse_completion reads and grammar_misfit passes. False only when no continuation of text can, so the
     attempt may be dropped there and the grammar's retry started (the rest of the answer would be wasted): a first
     line that is no label, a summary past its bound or out of its script, an aspect item that is no word, more items
-    than ASPECTS, a fourth line."""
-    lines = text.lstrip().split("\n")
+    than ASPECTS, a fourth line. One exception: more than LEADING_BLANKS whitespace characters before the label, which
+    the parser would still read past but the grammar allows none of, end the attempt too (a weak model's loop: the
+    random test model writes only newlines, to max_tokens)."""
+    answer = text.lstrip()
+    if len(text) - len(answer) > LEADING_BLANKS:
+        return False
+    lines = answer.split("\n")
     if len(lines) == 1:
         return any(label.startswith(lines[0].rstrip()) for label in SENTIMENTS)
     if lines[0].strip() not in SENTIMENTS:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, refusal, resolve_dtype
+from qwenspark.engines.dead_ends import DEAD_END, cuts_dead_ends, reader
 from qwenspark.engines.vllm_masks import ENV as MASKS_ENV
 from qwenspark.errors import EngineError, RequestError
 from qwenspark.parse import answer_grammars
@@ -57,11 +58,18 @@ def on_gpu() -> bool:
 
 
 def _completion(out: Any, decode: Callable[[Sequence[int]], str] | None = None) -> Completion:
+    """vLLM's final output of a request as a Completion; a Cut (vllm_feeds: ended at its first dead end) as one whose
+    finish_reason is DEAD_END."""
+    from qwenspark.engines.vllm_feeds import Cut
+
+    cut = isinstance(out, Cut)
+    if cut:
+        out = out.out
     best = out.outputs[0]
     return Completion(
         # Empty when vLLM did not detokenise (sampling_params: final answers): decoded here once, whole.
         text=best.text or (decode(best.token_ids) if decode is not None and best.token_ids else ""),
-        finish_reason=best.finish_reason,
+        finish_reason=DEAD_END if cut else best.finish_reason,
         tokens_in=len(out.prompt_token_ids or ()),
         tokens_out=len(best.token_ids),
         label_logprobs=_label_logprobs(best) if best.logprobs else None,
@@ -208,7 +216,7 @@ class VllmEngine:
         if on_gpu():
             # Only engine.env counts as the user's choice here: in a Spark task OMP_NUM_THREADS is Spark's.
             gpu_env(os.environ, chosen=cfg.env)
-        self.model_name = cfg.model
+        self.model_name, self._cfg = cfg.model, cfg
         in_process = core_in_process()  # the engine's env decides (conf/local.yaml: in this process on CPU)
         args = engine_args(engine_kwargs(cfg), cfg.model, asynchronous=not in_process)
         self._yielding = yielding(cfg.yield_to_service)
@@ -219,6 +227,8 @@ class VllmEngine:
         self._client_errors = client_errors()
         self._ids = itertools.count()
         self._params = sampling_params(cfg, final_only=True)
+        self._growing: dict[int, Any] = {}  # id of a first attempt's params -> the same, reported as they grow
+        self.dead_ends = 0  # attempts ended at their first dead end (engine.cut_dead_ends)
         log.info("vLLM engine for %s: engine core %s", cfg.model, "in this process" if in_process else "in its own")
         if self._yielding is not None:
             log.info("vLLM engine: stands still %.0f %% of the time while a service on %s has answers in flight "
@@ -265,25 +275,45 @@ class VllmEngine:
         refused = next((x for x in done.values() if isinstance(x, RequestError)), None)
         if refused is not None:  # generate_isolating then asks again one by one to find the row
             raise refused
-        return [_completion(done[i], self._answer_text) for i in ids]
+        return [self._finished(done[i]) for i in ids]
 
     def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: Retry | None = None) -> str:
         # Requests join the running batch while older ones decode (a batch call would wait for its longest answer).
         request_id = str(next(self._ids))
-        self._add(request_id, conversation, self.params(lang, retry))
+        self._add(request_id, conversation, self.params(lang, retry), lang)
         return request_id
 
-    def _add(self, request_id: str, conversation: Sequence[Message], params: Any) -> None:
-        """The one place a request enters vLLM: the prompt tokenised here, once (vLLM takes the ids as they are)."""
+    def _add(self, request_id: str, conversation: Sequence[Message], params: Any, lang: str | None = None) -> None:
+        """The one place a request enters vLLM: the prompt tokenised here, once (vLLM takes the ids as they are); an
+        answer in lines written without the grammar read for its dead ends as it grows (engines.dead_ends)."""
+        watch = None
+        if cuts_dead_ends(self._cfg, guided=params.structured_outputs is not None):
+            params, watch = self._grows(params), reader(self._cfg, self._tokenizer, lang).viable
         try:
             self._feed.add(request_id, self._prompt_ids(self.render(conversation), conversation[-1]["content"]),
-                           params)
+                           params, watch)
         except self._client_errors as exc:
             raise RequestError(str(exc)) from exc
 
+    def _grows(self, params: Any) -> Any:
+        """params reporting the answer at every step (its dead ends are read as it grows), made once per params."""
+        growing = self._growing.get(id(params))
+        if growing is None:
+            from vllm.sampling_params import RequestOutputKind
+
+            growing = self._growing[id(params)] = params.clone()
+            growing.output_kind = RequestOutputKind.CUMULATIVE
+        return growing
+
     def step(self) -> list[tuple[str, Completion | str]]:
-        return [(rid, refusal(out) if isinstance(out, RequestError) else _completion(out, self._answer_text))
+        return [(rid, refusal(out) if isinstance(out, RequestError) else self._finished(out))
                 for rid, out in self._feed.finished()]
+
+    def _finished(self, out: Any) -> Completion:
+        done = _completion(out, self._answer_text)
+        if done.finish_reason == DEAD_END:
+            self.dead_ends += 1
+        return done
 
     def abort(self, request_ids: Sequence[str]) -> None:
         if request_ids:
@@ -296,6 +326,9 @@ class VllmEngine:
         if feed is None:
             return
         feed.shutdown()
+        if self.dead_ends:
+            log.info("vLLM engine: %d answer(s) written without the grammar ended at their first dead end "
+                     "(engine.cut_dead_ends)", self.dead_ends)
         if self._yielding is not None:  # after the feed: its loop reads the board until it stops
             log.info("vLLM engine: stood still %.1f s for services on this host", self._yielding.held_s)
             self._yielding.board.close()

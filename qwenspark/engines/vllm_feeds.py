@@ -12,6 +12,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,19 +31,32 @@ _WAIT_S = 1.0
 _LOOK_S = 0.005
 
 
+# A request's watch (Feed.add): told the answer's token ids so far after each step, False ends the request there.
+Watch = Callable[[Sequence[int]], bool]
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A request its watch ended (engines.dead_ends): vLLM's last output of it, its answer so far."""
+
+    out: Any
+
+
 class Feed(Protocol):
     """Requests in as token ids, finished answers out; what VllmEngine needs of vLLM."""
 
     tokenizer: Any
     vllm_config: Any
 
-    def add(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
-        """Queue one request; raises vLLM's validation error if it refuses it at once."""
+    def add(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None = None) -> None:
+        """Queue one request; raises vLLM's validation error if it refuses it at once. With a watch, params must
+        report the answer as it grows (output_kind CUMULATIVE): the first step after which the watch says False drops
+        the request in vLLM and reports it as a Cut."""
         ...
 
     def finished(self) -> list[tuple[str, Any]]:
-        """Requests finished since the last call: (id, vLLM's final RequestOutput, or a RequestError for a request
-        vLLM refused after queueing it). Raises EngineError when the engine failed."""
+        """Requests finished since the last call: (id, vLLM's final RequestOutput, a Cut, or a RequestError for a
+        request vLLM refused after queueing it). Raises EngineError when the engine failed."""
         ...
 
     def abort(self, request_ids: Sequence[str]) -> None:
@@ -132,9 +147,12 @@ class InProcess:
         self.tokenizer = self._engine.get_tokenizer()
         self.vllm_config = self._engine.vllm_config
         self._yielding = yielding
+        self._watches: dict[str, Watch] = {}
 
-    def add(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+    def add(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None = None) -> None:
         self._engine.add_request(request_id, self._prompt(prompt_ids), params)
+        if watch is not None:
+            self._watches[request_id] = watch
 
     def finished(self) -> list[tuple[str, Any]]:
         if self._yielding is not None:  # a service on this host is answering: no step now (the caller asks again)
@@ -142,10 +160,27 @@ class InProcess:
             if hold > 0:
                 time.sleep(min(hold, _LOOK_S))
                 return []
-        # vLLM reports the id we gave (newer releases add a random suffix internally only).
-        return [(out.request_id, out) for out in self._engine.step() if out.finished]
+        done: list[tuple[str, Any]] = []
+        cut: list[str] = []
+        # vLLM reports the id we gave (newer releases add a random suffix internally only); requests without a watch
+        # are reported once, finished (output_kind FINAL_ONLY).
+        outs: list[Any] = self._engine.step()  # RequestOutputs (a generating model's, not a pooling one's)
+        for out in outs:
+            rid = out.request_id
+            if out.finished:
+                self._watches.pop(rid, None)
+                done.append((rid, out))
+            elif rid in self._watches and not self._watches[rid](out.outputs[0].token_ids):
+                del self._watches[rid]
+                cut.append(rid)
+                done.append((rid, Cut(out)))
+        if cut:
+            self._engine.abort_request(cut)
+        return done
 
     def abort(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self._watches.pop(request_id, None)
         self._engine.abort_request(list(request_ids))
 
     def shutdown(self) -> None:
@@ -191,18 +226,22 @@ class EventLoop:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def add(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
-        self._loop.call_soon_threadsafe(self._open, request_id, prompt_ids, params)
+    def add(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None = None) -> None:
+        self._loop.call_soon_threadsafe(self._open, request_id, prompt_ids, params, watch)
 
-    def _open(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
-        self._streams[request_id] = self._loop.create_task(self._answer(request_id, prompt_ids, params))
+    def _open(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None) -> None:
+        self._streams[request_id] = self._loop.create_task(self._answer(request_id, prompt_ids, params, watch))
 
-    async def _answer(self, request_id: str, prompt_ids: list[int], params: Any) -> None:
+    async def _answer(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None) -> None:
         try:
-            # Cancelling this task (abort) makes AsyncLLM abort the request itself.
-            async for out in self._llm.generate(self._prompt(prompt_ids), params, request_id):
-                if out.finished:
-                    self._done.put((request_id, out))
+            # Cancelling this task (abort), or leaving the stream (a watch's False), makes AsyncLLM abort the request.
+            async with aclosing(self._llm.generate(self._prompt(prompt_ids), params, request_id)) as outs:
+                async for out in outs:
+                    if out.finished:
+                        self._done.put((request_id, out))
+                    elif watch is not None and not watch(out.outputs[0].token_ids):
+                        self._done.put((request_id, Cut(out)))
+                        return
         except self._client_errors as exc:  # vLLM's validation of this one request
             self._done.put((request_id, RequestError(str(exc))))
         except asyncio.CancelledError:

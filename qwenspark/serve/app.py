@@ -36,11 +36,12 @@ from qwenspark.analyze import AnalyzeSpec, PreparedBatch, templated
 from qwenspark.clean import clean_lang, clean_text
 from qwenspark.config import EngineConfig, QwenSparkConfig
 from qwenspark.engines.base import Retry, refusal
+from qwenspark.engines.dead_ends import DEAD_END
 from qwenspark.errors import ConfigError, EngineError, RequestError
 from qwenspark.models.identity import model_identity
 from qwenspark.optimism import Optimism
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS
-from qwenspark.serve.engine import DEAD_END, ServeEngine
+from qwenspark.serve.engine import ServeEngine
 from qwenspark.serve.pauses import Pauses, freeze_heap
 
 log = logging.getLogger("qwenspark.serve")

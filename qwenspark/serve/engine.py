@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Engine, Message, Retry
+from qwenspark.engines.dead_ends import DEAD_END, DeadEnds, cuts_dead_ends, reader
 from qwenspark.engines.vllm_feeds import token_prompt
 from qwenspark.engines.yielding import publish, unpublish
 from qwenspark.errors import EngineError, RequestError
@@ -141,33 +142,6 @@ class Prompts:
         done = Completion(text, step.finish_reason, step.tokens_in, len(step.ids), step.label_logprobs) \
             if step.finished else None
         return Partial(text, step.label_logprobs, done)
-
-
-# The finish reason of an attempt ended at its first dead end (AsyncVllm.steps): no continuation of its text could
-# fit the grammar, so the rest of it is not generated. Its caller generates the answer again under the grammar.
-DEAD_END = "dead_end"
-
-
-class DeadEnds:
-    """Whether an answer in lines written without the grammar can still fit it (parse.lines_viable), read as its
-    token ids grow: each step's new tokens decoded once as the parser will read them (answer_text), held back while
-    they end inside a character."""
-
-    def __init__(self, tokenizer: Any, lang: str | None, summary_max_chars: int | None, summary_script: bool) -> None:
-        # Imported here, once an attempt, not in viable(), which runs every step (parse imports pyspark's names).
-        from qwenspark.engines.vllm import answer_text
-        from qwenspark.parse import lines_viable
-
-        self._decode, self._viable = answer_text, lines_viable
-        self._tokenizer, self._rules = tokenizer, (lang, summary_max_chars, summary_script)
-        self.text, self._read = "", 0
-
-    def viable(self, answer: Sequence[int]) -> bool:
-        more = self._decode(self._tokenizer, answer[self._read:])
-        if more.endswith("\ufffd"):  # a character's bytes still to come
-            return True
-        self.text, self._read = self.text + more, len(answer)
-        return self._viable(self.text, *self._rules)
 
 
 def gpu_mask_threads(cfg: EngineConfig, environ: MutableMapping[str, str], cores: int) -> str:
@@ -327,10 +301,9 @@ class AsyncVllm:
         """A reader of an attempt's dead ends, for an answer in lines written without the grammar (an optimistic
         version's first attempt); None for any other."""
         cfg = self._cfg
-        if cfg is None or not self._ids_only or params.structured_outputs is not None or not cfg.optimistic \
-                or cfg.answer_format != "lines" or not cfg.cut_dead_ends:
+        if cfg is None or not self._ids_only or not cuts_dead_ends(cfg, params.structured_outputs is not None):
             return None
-        return DeadEnds(self._tokenizer, lang, cfg.summary_max_chars, cfg.summary_script)
+        return reader(cfg, self._tokenizer, lang)
 
     def alive(self) -> bool:
         return self._llm is not None and not self._llm.errored

@@ -48,6 +48,8 @@ def test_every_prefix_of_an_accepted_answer_is_viable(lang: str | None, max_char
     ('positive\n"Nice"\n' + " ".join(["room:positive"] * 9), None, None, False),
     ('positive\n"Nice"\nroom:positive\nThe guest liked it', None, None, False),
     ('positive\n"Nice"\nroom=positive ', None, None, False),
+    ("\n" * 9, None, None, False),                            # a weak model's loop of blanks before the label
+    (" \n" * 4 + "\tpos", "en", 100, True),
 ])
 def test_a_dead_end_is_not_viable(text: str, lang: str | None, max_chars: int | None, script: bool) -> None:
     assert not lines_viable(text, lang, max_chars, script)
@@ -90,3 +92,11 @@ def test_random_answers_agree_with_the_parser(lang: str | None, max_chars: int |
                     assert not accepted(text[:cut] + more, lang, max_chars, script), repr(text[:cut] + more)
                 assert not accepted(text[:cut], lang, max_chars, script)
     assert seen["accepted"] > 50 and seen["dead"] > 1000, seen
+
+
+def test_a_few_blanks_before_the_label_stay_viable() -> None:
+    from qwenspark.parse import LEADING_BLANKS
+
+    assert lines_viable("\n" * LEADING_BLANKS, "en", 100, True)
+    assert lines_viable(" " * LEADING_BLANKS + 'positive\n"Quiet"', "en", 100, True)
+    assert not lines_viable("\n" * (LEADING_BLANKS + 1), "en", 100, True)
