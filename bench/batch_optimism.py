@@ -1,5 +1,6 @@
 """The executor function with an optimistic prompt version on a model whose unguided answers mostly misfit: always
-optimistic (engine.optimistic_min_fit 0) against the rule (qwenspark/optimism.py), in one run on one engine.
+optimistic (engine.optimistic_min_fit 0) against the rule (qwenspark/optimism.py), or (--sides always,uncut) against
+always optimistic with each unguided answer written to its end (engine.cut_dead_ends off), in one run on one engine.
 
 The embedded 0.5B writes v13's lines unguided so that about a fifth fit the grammar (README, stop 35): always
 optimistic, four in five reviews are written twice. The rule's window is shortened (--window) so that it judges within
@@ -9,6 +10,8 @@ prefix); the sides alternate, the first run of each untimed (warm-up; the rule's
 
     .venv/bin/python bench/batch_optimism.py --rows 32 --batch-size 4 --repeats 2 \\
         --json-out bench/results/batch_optimism_cpu.json
+    .venv/bin/python bench/batch_optimism.py --rows 24 --batch-size 8 --repeats 2 --sides always,uncut \\
+        --json-out bench/results/batch_dead_ends_cpu.json
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main() -> int:
     p = arguments(__doc__ or "", ROOT)
     p.add_argument("--window", type=int, default=8, help="engine.optimistic_window of the rule's side")
     p.add_argument("--version", default="v13", help="an optimistic prompt version")
+    p.add_argument("--sides", default="always,rule", help="two or more of always, rule, uncut; ratios to the first")
     args = p.parse_args()
     import pandas as pd
 
@@ -45,7 +49,7 @@ def main() -> int:
     settings = templated(cfg.engine, args.version)
     if not settings.optimistic:
         raise SystemExit(f"prompt {args.version} is not optimistic: nothing to compare")
-    engine = build_engine(settings)  # one engine for both sides: the same weights, threads and prefix cache
+    engine: Any = build_engine(settings)  # one engine for both sides: the same weights, threads and prefix cache
     rows = demo_rows(ROOT, args.rows)
 
     def frame(tag: str) -> pd.DataFrame:
@@ -57,21 +61,32 @@ def main() -> int:
     class Kept:
         """The one engine, under each side's settings (the engine cache closes an engine whose settings change)."""
 
+        def __init__(self, cut: bool) -> None:
+            self.cut = cut
+
         def __getattr__(self, name: str) -> Any:
             return getattr(engine, name)
 
         def close(self) -> None:
             pass
 
+    # (engine.optimistic_min_fit, engine.cut_dead_ends) of each side
+    known = {"always": (0.0, True), "rule": (cfg.engine.optimistic_min_fit, True), "uncut": (0.0, False)}
+    names = args.sides.split(",")
+    if len(names) < 2 or not set(names) <= set(known):
+        raise SystemExit(f"--sides: two or more of {sorted(known)}")
     # One view per side, kept across its runs: the rule's share lives as long as the engine does (per process).
-    views = {"always": Kept(), "rule": Kept()}
+    views = {name: Kept(known[name][1]) for name in names}
     sides = {name: make_analyze_fn(AnalyzeSpec(
-        engine=cfg.engine.model_copy(update={"optimistic_min_fit": fit}), prompt_version=args.version,
+        engine=cfg.engine.model_copy(update={"optimistic_min_fit": known[name][0]}), prompt_version=args.version,
         max_review_tokens=cfg.clean.max_review_tokens), engine_factory=lambda _, view=views[name]: view)
-        for name, fit in (("always", 0.0), ("rule", cfg.engine.optimistic_min_fit))}
+        for name in names}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
     for repeat in range(args.repeats + 1):
         for name, fn in (sides.items() if repeat % 2 == 0 else reversed(sides.items())):
+            # The engine reads its dead-end rule per request (VllmEngine._add): this side's, for this run.
+            engine._cfg = engine._cfg.model_copy(update={"cut_dead_ends": views[name].cut})
+            dead_before = engine.dead_ends
             started = time.perf_counter()
             out = pd.concat(list(fn(iter([frame(f"{name} {repeat}")]))))
             seconds = time.perf_counter() - started
@@ -79,6 +94,7 @@ def main() -> int:
             if repeat:  # the first run of each side warms it
                 runs[name].append({"seconds": round(seconds, 2), "reviews_per_s": round(len(rows) / seconds, 3),
                                    "tokens_out_per_review": round(float(out["tokens_out"].mean()), 1),
+                                   "dead_ends": engine.dead_ends - dead_before,
                                    "error_rows": int(out["error"].notna().sum())})
             print(name, repeat, round(seconds, 1), "s", file=sys.stderr, flush=True)
     engine.close()
@@ -86,7 +102,7 @@ def main() -> int:
     figures = {"model": Path(args.model).name, "prompt_version": args.version, "rows": len(rows),
                "batch_size": args.batch_size, "window": args.window, "min_fit": cfg.engine.optimistic_min_fit,
                "runs": runs, "median_reviews_per_s": medians,
-               "rule_vs_always": round(medians["rule"] / medians["always"], 3)}
+               **{f"{name}_vs_{names[0]}": round(medians[name] / medians[names[0]], 3) for name in names[1:]}}
     print(json.dumps(figures))
     if args.json_out:
         args.json_out.write_text(json.dumps(figures, indent=2) + "\n")

@@ -181,9 +181,9 @@ class LengthPlan:
         """Plan the lengths of every request engine (a qwenspark VllmEngine) sends to vLLM."""
         add = engine._add
 
-        def planned_add(rid: str, conversation: Any, params: Any) -> None:
+        def planned_add(rid: str, conversation: Any, params: Any, lang: str | None = None) -> None:
             review = conversation[-1]["content"]  # the tag leads the review, in the last message
-            add(rid, conversation, self.params(review, params) if self.table is not None else params)
+            add(rid, conversation, self.params(review, params) if self.table is not None else params, lang)
 
         engine._add = planned_add
 

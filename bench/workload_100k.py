@@ -249,10 +249,13 @@ def run_strategy(args: argparse.Namespace, version: str, reviews: pd.DataFrame, 
     on_cpu = not _cuda()  # a smoke run here, with the tiny test model
     # repair_penalty 0: a dummy model's guided answers run to their forced length, which a trained model's answers
     # do 0.2-0.5 % of the time (CPU evals); repairing each would double the decode work of a toy, not of users.
+    # cut_dead_ends off: dummy weights' unguided text would be cut at its first token, and the played first attempts
+    # (ValidShare) are meant whole, at their planned lengths (as bench/device/serve-h200.yaml for the service).
     cfg = templated(EngineConfig(
         kind="vllm", model=model, batch_size=args.batch_size, max_in_flight=args.max_in_flight,
         max_tokens=args.max_tokens, max_model_len=4096, gpu_memory_utilization=None if on_cpu else args.gpu_memory,
         enforce_eager=on_cpu, engine_kwargs=engine_kwargs, repair_penalty=0.0, yield_to_service=args.yield_to_service,
+        cut_dead_ends=False,
         env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "2"} if on_cpu else dict(args.env),
     ), version)
     cfg, devices = pin_task_gpus(cfg)
