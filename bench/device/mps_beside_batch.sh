@@ -9,7 +9,7 @@
 tag=${TAG:-mps}
 for kv in ${BATCH_ENV:-}; do A="$A --env $kv"; done
 A="$A ${BATCH_ARGS:-}"
-timeout 330 bash bench/device/run_workload.sh bench/serve_latency.py $C --shape qwen2.5-7b --rate 100 \
+timeout ${BESIDE_TIMEOUT:-330} bash bench/device/run_workload.sh bench/serve_latency.py $C --shape qwen2.5-7b --rate 100 \
   --alongside "python3 bench/workload_100k.py $A --json-out $OUT/${tag}_batch_beside.json" --json-out $OUT/${tag}_beside.json > $OUT/${tag}_beside.log 2>&1
 echo "beside rc=$? batch env: ${BATCH_ENV:-none}"; python3 bench/device/summarize_loads.py $OUT/${tag}_beside.log
 [ "${ALONE:-1}" = 0 ] || timeout 200 bash bench/device/run_workload.sh $A --json-out $OUT/${tag}_batch_alone.json > $OUT/${tag}_batch_alone.log 2>&1
