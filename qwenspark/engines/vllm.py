@@ -227,7 +227,7 @@ class VllmEngine:
         self._client_errors = client_errors()
         self._ids = itertools.count()
         self._params = sampling_params(cfg, final_only=True)
-        self._growing: dict[int, Any] = {}  # id of a first attempt's params -> the same, reported as they grow
+        self._growing: dict[int, tuple[Any, Any]] = {}  # id of a first attempt's params -> (them, as they grow)
         self.dead_ends = 0  # attempts ended at their first dead end (engine.cut_dead_ends)
         log.info("vLLM engine for %s: engine core %s", cfg.model, "in this process" if in_process else "in its own")
         if self._yielding is not None:
@@ -297,13 +297,17 @@ class VllmEngine:
 
     def _grows(self, params: Any) -> Any:
         """params reporting the answer at every step (its dead ends are read as it grows), made once per params."""
-        growing = self._growing.get(id(params))
-        if growing is None:
+        # Keyed by identity, the params kept beside their copy: a freed object's id may be given to another.
+        kept = self._growing.get(id(params))
+        if kept is None or kept[0] is not params:
             from vllm.sampling_params import RequestOutputKind
 
-            growing = self._growing[id(params)] = params.clone()
+            growing = params.clone()
             growing.output_kind = RequestOutputKind.CUMULATIVE
-        return growing
+            if len(self._growing) >= 64:  # bounded: the engine's own are languages x attempts (a caller may make more)
+                self._growing.clear()
+            kept = self._growing[id(params)] = (params, growing)
+        return kept[1]
 
     def step(self) -> list[tuple[str, Completion | str]]:
         return [(rid, refusal(out) if isinstance(out, RequestError) else self._finished(out))
