@@ -359,8 +359,9 @@ class EngineConfig(_Section):
         0.0, ge=0.0, le=0.95, description="vLLM, the batch and stream beside `qwenspark serve` on the same GPU (or "
         "CPU): the share of time this engine stands still while a service on the same host and devices has answers "
         "in flight (qwenspark/engines/yielding.py: the services publish their count in /dev/shm; vLLM's "
-        "pause_generation keeps the batch's requests). 0.8: 160 ms of every 200 ms, the batch running the rest. 0: "
-        "never (the default); at most 0.95, so that the batch always moves.",
+        "pause_generation keeps the batch's requests). 0.8: 160 ms of every 200 ms, the batch running the rest; a "
+        "batch step that outlasts its run lengthens the next hold by four times its overrun (at most 5 s), so the "
+        "share holds with long steps too. 0: never (the default); at most 0.95, so that the batch always moves.",
     )
     repair_penalty: float | None = Field(
         None, ge=0.0, le=2.0, description="An answer cut by max_tokens or with a looping summary is generated once "

@@ -297,7 +297,8 @@ async def give_way(llm: Any, yielding: Yielding) -> None:
             hold = yielding.hold(time.monotonic())
             if (hold > 0) != paused:
                 if hold > 0:
-                    await llm.pause_generation(mode="keep", clear_cache=False)
+                    await llm.pause_generation(mode="keep", clear_cache=False)  # returns once the core's step ended
+                    yielding.stopped(time.monotonic())
                 else:
                     await llm.resume_generation()
                 paused = hold > 0

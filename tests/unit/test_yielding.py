@@ -135,6 +135,33 @@ def test_the_duty_cycle_holds_its_share_of_each_period_while_a_service_is_busy()
             y.Yielding(board, share)  # type: ignore[arg-type]
 
 
+def test_a_step_that_outlasts_its_run_lengthens_the_next_hold_to_keep_the_share() -> None:
+    board = Switch()
+    board.on = True
+    cycle = y.Yielding(board, 0.75, period=0.2)  # type: ignore[arg-type]
+    assert cycle.hold(1.0) == pytest.approx(0.15)
+    assert cycle.hold(1.15) == 0.0  # runs from 1.15 for 50 ms
+    # In this process: the step begun at 1.15 returns at 1.45, 250 ms past its run: the batch ran 300 ms, and
+    # stands still three times as long.
+    assert cycle.hold(1.45) == pytest.approx(0.9)
+    assert cycle.hold(2.35) == 0.0
+    # An engine core of its own: told to stand still at 2.4, it stopped at 2.6 (vLLM's pause returned then); its
+    # run was 50 + 200 ms.
+    assert cycle.hold(2.4) == pytest.approx(0.15)
+    cycle.stopped(2.6)
+    assert cycle.hold(2.6) == pytest.approx(0.75)
+    assert cycle.hold(3.35) == 0.0
+    held = cycle.held_s
+    cycle.stopped(3.37)  # running: nothing to lengthen
+    assert cycle.hold(3.38) == 0.0 and cycle.held_s == held
+    assert held == pytest.approx(0.15 + 0.9 + 0.75), "the time the batch stood still, not the steps it finished"
+    # However long a step, one hold ends within MAX_HOLD_S.
+    greedy = y.Yielding(board, 0.95, period=0.2)  # type: ignore[arg-type]
+    assert greedy.hold(10.0) == pytest.approx(0.19)
+    greedy.stopped(12.0)
+    assert greedy.hold(12.0) == pytest.approx(y.MAX_HOLD_S)
+
+
 def test_an_in_process_engine_takes_no_step_while_held() -> None:
     steps: list[float] = []
 
@@ -177,6 +204,9 @@ def test_an_engine_core_of_its_own_is_paused_and_resumed_by_vllms_api() -> None:
         def hold(self, now: float) -> float:
             return max(0.0, 0.03 - (now - self.start))
 
+        def stopped(self, now: float) -> None:
+            calls.append("stopped")
+
     async def run() -> None:
         task = asyncio.create_task(give_way(Llm(), Script()))  # type: ignore[arg-type]
         await asyncio.sleep(0.1)
@@ -185,4 +215,5 @@ def test_an_engine_core_of_its_own_is_paused_and_resumed_by_vllms_api() -> None:
             await task
 
     asyncio.run(run())
-    assert calls == ["pause keep False", "resume"], "every request and its cache kept"
+    # every request and its cache kept; the hold counted from the pause's return
+    assert calls == ["pause keep False", "stopped", "resume"]
