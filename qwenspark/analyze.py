@@ -378,7 +378,8 @@ class PreparedBatch:
 
     def _retry(self, done: Completion, parsed: Parsed, lang: str) -> Retry | None:
         if self.optimistic and done.finish_reason == DEAD_END:  # the engine ended it where no answer could fit
-            return "grammar"
+            # Only blanks (parse.LEADING_BLANKS): the loop max_tokens would have cut, repaired as such.
+            return "penalty" if self.repairs and not done.text.strip() else "grammar"
         if self.repairs and needs_repair(done.finish_reason, parsed):
             return "penalty"
         # optimistic: anything else unfit gets the grammar, except a refusal for the content ("error: ..."), which

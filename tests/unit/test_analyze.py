@@ -12,6 +12,7 @@ from qwenspark.analyze import AnalyzeSpec, analyze_chunk, make_analyze_fn
 from qwenspark.config import EngineConfig
 from qwenspark.engines import cache
 from qwenspark.engines.base import Completion, Message
+from qwenspark.engines.dead_ends import DEAD_END
 from qwenspark.errors import RequestError
 from qwenspark.schemas import EXECUTOR_OUT_SCHEMA, NULL_MICROS, RESULT_COLUMNS
 
@@ -296,6 +297,43 @@ def test_an_optimistic_engine_stays_optimistic_with_min_fit_zero() -> None:
                                            continuous=False), prompt_version="v13", max_review_tokens=50)
     out = pd.concat(list(make_analyze_fn(spec, engine_factory=lambda cfg: engine)(iter([_frame(["Dirty."] * 20)]))))
     assert len(out) == 20 and engine.retries == [None, None, "grammar", "grammar"] * 10
+    cache.clear()
+
+
+class DeadEndLines(MisfitLines):
+    """First attempts the engine ended at their first dead end (engines.dead_ends): blank lines for a review that says
+    "blank", else a Chinese word in an English summary; any retry short and valid."""
+
+    def _first(self, conversation: Sequence[Message], retry: str | None) -> Completion:
+        self.retries.append(retry)
+        if retry is not None:
+            return Completion('negative\n"Short."\nroom:negative', "stop", 100, 20)
+        blank = "blank" in conversation[-1]["content"]
+        return Completion("\n" * 9 if blank else 'negative\n"Dirty 房', DEAD_END, 100, 9)
+
+    def generate(self, conversations: Sequence[Sequence[Message]], langs: Sequence[str] | None = None,
+                 retry: str | None = None) -> list[Completion]:
+        return [self._first(c, retry) for c in conversations]
+
+    def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: str | None = None) -> str:
+        rid = f"r{len(self.retries)}"
+        self._done.append((rid, self._first(conversation, retry)))
+        return rid
+
+
+@pytest.mark.parametrize("continuous", [True, False])
+def test_an_answer_cut_at_a_dead_end_is_written_again_a_blank_loop_as_a_repair(continuous: bool) -> None:
+    cache.clear()
+    engine = DeadEndLines()
+    spec = AnalyzeSpec(engine=EngineConfig(model="fake", batch_size=4, optimistic_min_fit=0.0, continuous=continuous),
+                       prompt_version="v13", max_review_tokens=50)
+    texts = ["The room was dirty.", "blank: the room was dirty.", "Noisy street.", "blank: noisy."]
+    out = pd.concat(list(make_analyze_fn(spec, engine_factory=lambda cfg: engine)(iter([_frame(texts)]))))
+    assert out["error"].isna().all() and out["summary"].tolist() == ["Short."] * 4
+    # every first attempt once, then each again: the blank ones with the repair's penalty, the others the grammar
+    assert engine.retries[:4] == [None] * 4
+    assert sorted(engine.retries[4:], key=str) == ["grammar", "grammar", "penalty", "penalty"]
+    assert out["tokens_out"].tolist() == [29] * 4  # the cut attempt's tokens counted too
     cache.clear()
 
 
