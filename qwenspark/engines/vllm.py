@@ -12,6 +12,7 @@ from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, refusal, resolve_dtype
 from qwenspark.engines.dead_ends import DEAD_END, cuts_dead_ends, reader
+from qwenspark.engines.vllm_feeds import Cut
 from qwenspark.engines.vllm_masks import ENV as MASKS_ENV
 from qwenspark.errors import EngineError, RequestError
 from qwenspark.parse import answer_grammars
@@ -60,8 +61,6 @@ def on_gpu() -> bool:
 def _completion(out: Any, decode: Callable[[Sequence[int]], str] | None = None) -> Completion:
     """vLLM's final output of a request as a Completion; a Cut (vllm_feeds: ended at its first dead end) as one whose
     finish_reason is DEAD_END."""
-    from qwenspark.engines.vllm_feeds import Cut
-
     cut = isinstance(out, Cut)
     if cut:
         out = out.out
@@ -117,9 +116,9 @@ def engine_kwargs(cfg: EngineConfig) -> dict[str, Any]:
 def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tuple[str | None, Retry | None], Any]:
     """One set of sampling settings per grammar (by review language when the summary's script is constrained) and
     attempt (the first, and the retries: engines.base.attempt_settings). final_only: vLLM reports each request once,
-    when it finishes (the batch), as token ids that the engine decodes once; else as it grows (the service's
-    label-first stream): its new token ids each step, or, where the label's log-probabilities need vLLM's per-token
-    text, the whole text so far."""
+    when it finishes (the batch), as token ids that the engine decodes once, but for an attempt read for its dead ends
+    (engines.dead_ends), reported whole at every step; else as it grows (the service's label-first stream): its new
+    token ids each step, or, where the label's log-probabilities need vLLM's per-token text, the whole text so far."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -131,14 +130,16 @@ def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tupl
     for lang, grammar in answer_grammars(cfg).items():
         for retry in (None, "grammar", "penalty"):
             guided, penalty = attempt_settings(cfg.optimistic, cfg.frequency_penalty, cfg.repair_penalty, retry)
+            structured = StructuredOutputsParams(**grammar) if cfg.guided and guided else None
+            watched = final_only and cuts_dead_ends(cfg, guided=structured is not None)
             params[lang, retry] = SamplingParams(
                 temperature=cfg.temperature,
                 frequency_penalty=penalty,
                 seed=cfg.seed,
                 max_tokens=cfg.max_tokens,
                 logprobs=TOP_LOGPROBS if cfg.label_logprobs else None,
-                structured_outputs=StructuredOutputsParams(**grammar) if cfg.guided and guided else None,
-                output_kind=kind,
+                structured_outputs=structured,
+                output_kind=RequestOutputKind.CUMULATIVE if watched else kind,
                 # vLLM's output processor detokenises every token of every running request as it is decoded, on
                 # the event loop that shares this process's GIL with the executor (or the service's HTTP side);
                 # answers are decoded by their reader instead (answer_text), unless the label's log-probabilities
@@ -227,7 +228,6 @@ class VllmEngine:
         self._client_errors = client_errors()
         self._ids = itertools.count()
         self._params = sampling_params(cfg, final_only=True)
-        self._growing: dict[int, tuple[Any, Any]] = {}  # id of a first attempt's params -> (them, as they grow)
         self.dead_ends = 0  # attempts ended at their first dead end (engine.cut_dead_ends)
         log.info("vLLM engine for %s: engine core %s", cfg.model, "in this process" if in_process else "in its own")
         if self._yielding is not None:
@@ -288,26 +288,12 @@ class VllmEngine:
         answer in lines written without the grammar read for its dead ends as it grows (engines.dead_ends)."""
         watch = None
         if cuts_dead_ends(self._cfg, guided=params.structured_outputs is not None):
-            params, watch = self._grows(params), reader(self._cfg, self._tokenizer, lang).viable
+            watch = reader(self._cfg, self._tokenizer, lang).viable  # its params report it whole (sampling_params)
         try:
             self._feed.add(request_id, self._prompt_ids(self.render(conversation), conversation[-1]["content"]),
                            params, watch)
         except self._client_errors as exc:
             raise RequestError(str(exc)) from exc
-
-    def _grows(self, params: Any) -> Any:
-        """params reporting the answer at every step (its dead ends are read as it grows), made once per params."""
-        # Keyed by identity, the params kept beside their copy: a freed object's id may be given to another.
-        kept = self._growing.get(id(params))
-        if kept is None or kept[0] is not params:
-            from vllm.sampling_params import RequestOutputKind
-
-            growing = params.clone()
-            growing.output_kind = RequestOutputKind.CUMULATIVE
-            if len(self._growing) >= 64:  # bounded: the engine's own are languages x attempts (a caller may make more)
-                self._growing.clear()
-            kept = self._growing[id(params)] = (params, growing)
-        return kept[1]
 
     def step(self) -> list[tuple[str, Completion | str]]:
         return [(rid, refusal(out) if isinstance(out, RequestError) else self._finished(out))
