@@ -361,7 +361,9 @@ class EngineConfig(_Section):
         "in flight (qwenspark/engines/yielding.py: the services publish their count in /dev/shm; vLLM's "
         "pause_generation keeps the batch's requests). 0.8: 160 ms of every 200 ms, the batch running the rest; a "
         "batch step that outlasts its run lengthens the next hold by four times its overrun (at most 5 s), so the "
-        "share holds with long steps too. 0: never (the default); at most 0.95, so that the batch always moves.",
+        "share holds with long steps too. 0: never (the default); at most 0.95, so that the batch always moves. "
+        "Beside a 7B service at 100 requests/s on one H100, 0.95 with engine_kwargs.max_num_batched_tokens 4096 kept "
+        "its whole answer P99 at 0.92-1.05 s (4.0 s not giving way) for 42 % of the batch's throughput (stop 43).",
     )
     repair_penalty: float | None = Field(
         None, ge=0.0, le=2.0, description="An answer cut by max_tokens or with a looping summary is generated once "

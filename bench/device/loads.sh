@@ -1,11 +1,12 @@
 # Sourced by the device queue scripts (bench/device/README.md; carry .devrun: tokenizer, dev reviews): the service
-# latency flags of stops 31-38 (C), the 0.6B at 200 guided requests/s (SMALL), the batch bench beside it (A), and
+# latency flags of stops 31-38 (C), the 0.6B at 200 guided requests/s (SMALL), the batch bench beside it (A: the 7B
+# and 4,000 reviews unless BATCH_SHAPE and BATCH_REVIEWS say otherwise), and
 #   run NAME TIMEOUT ARGS...   one load of SMALL with ARGS, to $OUT/NAME.json and .log, nvidia-smi read 6 s into it
 #                              ($OUT/smi_NAME.txt), then its rc, the mask plugin's line if it took over, and a summary.
 L=bench/results/eval/v13-guided_qwen2.5-coder-0.5b_n600_s11.json
 C="--config bench/device/serve-h200.yaml --set prompt.version=v13 --tokenizer .devrun/tok --data .devrun/reviews_dev.csv --clients= --lengths-from $L --requests 6000 --duration 15 --unguided-valid 0.95 --client-procs 4 --detail"
 SMALL="--shape qwen3-0.6b --rate 200 --set serve.optimistic=false"
-A="--shape qwen2.5-7b --strategies v13 --unguided-valid 0.95 --gpu-memory 0.45 --reviews 4000 --bare-reviews 128 --tokenizer .devrun/tok --data .devrun/reviews_dev.csv --lengths-from v13=$L"
+A="--shape ${BATCH_SHAPE:-qwen2.5-7b} --strategies v13 --unguided-valid 0.95 --gpu-memory 0.45 --reviews ${BATCH_REVIEWS:-4000} --bare-reviews 128 --tokenizer .devrun/tok --data .devrun/reviews_dev.csv --lengths-from v13=$L"
 t0=$(date +%s)
 run() { name=$1; shift; timeout $1 bash bench/device/run_workload.sh bench/serve_latency.py $C $SMALL "${@:2}" --json-out $OUT/$name.json > $OUT/$name.log 2>&1 & p=$!
   until grep -q "^\[load\]" $OUT/$name.log 2>/dev/null || ! kill -0 $p 2>/dev/null; do sleep 0.5; done
