@@ -85,6 +85,7 @@ class AnalyzeSpec:
     max_review_tokens: int
     cores: int = 0  # threads each engine gets (0: leave the worker's settings)
     guard: bool = True  # prompt.guard: instructions to the model cut from the review first (qwenspark.guard)
+    aspect_evidence: bool = False  # prompt.aspect_evidence: aspects whose words the review lacks are dropped
 
 
 def make_analyze_fn(
@@ -265,6 +266,7 @@ class PreparedBatch:
         self._voted: dict[tuple[int, str], str] = {}  # (row, model label) -> the head's label (_stored_label)
         n = len(chunk)
         self.chunk, self.model, self.prompt_version = chunk, engine.model_name, spec.prompt_version
+        self.aspect_evidence = spec.aspect_evidence
         self.sentiment: list[str | None] = [None] * n
         self.generated: list[str | None] = [None] * n  # the label as the model wrote it, before any calibration/head
         self.summary: list[str | None] = [None] * n
@@ -341,7 +343,7 @@ class PreparedBatch:
             self.sentiment[i] = self._stored_label(i, parsed.record.sentiment, done.label_logprobs)
             self.generated[i] = parsed.record.sentiment
             self.summary[i] = parsed.record.summary
-            self.aspects[i] = aspects_json(parsed.record)
+            self.aspects[i] = aspects_json(parsed.record, self.texts[i] if self.aspect_evidence else None)
         return None
 
     def early_answer(self, text: str) -> str | None:

@@ -111,7 +111,8 @@ def _spec(cfg: QwenSparkConfig, spark: SparkSession | None) -> tuple[AnalyzeSpec
         cores = plan.cores_per_slot if cfg.engine.kind in IN_PROCESS_KINDS else 0
         partitions = plan.partitions
     spec = AnalyzeSpec(engine=cfg.engine, prompt_version=cfg.prompt.version,
-                       max_review_tokens=cfg.clean.max_review_tokens, guard=cfg.prompt.guard, cores=cores)
+                       max_review_tokens=cfg.clean.max_review_tokens, guard=cfg.prompt.guard, cores=cores,
+                       aspect_evidence=cfg.prompt.aspect_evidence)
     return spec, partitions
 
 

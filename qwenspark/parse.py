@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
+from qwenspark.aspect_evidence import evidenced
 from qwenspark.schemas import ASPECT_SENTIMENTS, ASPECTS, SENTIMENTS, SUMMARY_MAX_CHARS, ReviewAnalysis
 
 if TYPE_CHECKING:
@@ -326,6 +327,10 @@ def _dedupe_aspects(record: ReviewAnalysis) -> ReviewAnalysis:
     return record if len(kept) == len(record.aspects) else record.model_copy(update={"aspects": kept})
 
 
-def aspects_json(record: ReviewAnalysis) -> str:
-    """The aspects as the compact JSON array stored in review_sentiment.aspects."""
-    return json.dumps([m.model_dump() for m in record.aspects], ensure_ascii=False, separators=(",", ":"))
+def aspects_json(record: ReviewAnalysis, evidence: str | None = None) -> str:
+    """The aspects as the compact JSON array stored in review_sentiment.aspects; with evidence (the review's text,
+    prompt.aspect_evidence), only those it holds a word of (qwenspark.aspect_evidence)."""
+    mentions = [m.model_dump() for m in record.aspects]
+    if evidence is not None:
+        mentions = evidenced(mentions, evidence)
+    return json.dumps(mentions, ensure_ascii=False, separators=(",", ":"))

@@ -111,6 +111,7 @@ def analyse(
         prompt_version=cfg.prompt.version,
         max_review_tokens=cfg.clean.max_review_tokens,
         guard=cfg.prompt.guard,
+        aspect_evidence=cfg.prompt.aspect_evidence,
         cores=plan.cores_per_slot if cfg.engine.kind in IN_PROCESS_KINDS else 0,
     )
     # Batch size does not depend on partition size: analyze re-chunks the Arrow batches it gets. Timestamps cross

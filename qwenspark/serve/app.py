@@ -202,7 +202,8 @@ class Service:
                  worker: int = 0) -> None:
         self.cfg, self.engine, self.store, self.worker = cfg, engine, store, worker
         self.spec = AnalyzeSpec(engine=cfg.engine, prompt_version=cfg.prompt.version,
-                                max_review_tokens=cfg.clean.max_review_tokens, guard=cfg.prompt.guard)
+                                max_review_tokens=cfg.clean.max_review_tokens, guard=cfg.prompt.guard,
+                                aspect_evidence=cfg.prompt.aspect_evidence)
         # With an optimistic engine (first attempts may go unguided): the rule that decides it per request.
         self.optimism = Optimism(cfg.serve.optimistic_min_fit, cfg.serve.optimistic_window) \
             if serve_engine_config(cfg).optimistic else None

@@ -347,3 +347,14 @@ def test_the_rule_works_for_an_engine_that_takes_no_weak_reference() -> None:
     rule = _optimism(Slotted(), settings)  # type: ignore[arg-type]
     assert rule is not None and rule.choose()
     assert _optimism(Slotted(), settings.model_copy(update={"optimistic_min_fit": 0.0})) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("evidence", [False, True])
+def test_aspects_the_review_has_no_word_of_are_dropped_when_asked(evidence: bool) -> None:
+    """prompt.aspect_evidence: the fake engine names "room" for every review; kept only where the text says room."""
+    spec = AnalyzeSpec(engine=EngineConfig(model="fake", batch_size=4), prompt_version="v1", max_review_tokens=500,
+                       aspect_evidence=evidence)
+    out = analyze_chunk(FakeEngine(), _frame(["The room was lovely.", "Great staff.", "房间很大", "服务好"]), spec)
+    named = [[m["aspect"] for m in json.loads(a)] for a in out["aspects"]]
+    assert named == ([["room"], [], ["room"], []] if evidence else [["room"]] * 4)
+    assert list(out["sentiment"]) == ["positive"] * 4  # only the aspects change

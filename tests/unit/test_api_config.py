@@ -41,3 +41,11 @@ def test_nothing_means_the_embedded_cpu_default_under_the_cache(monkeypatch: pyt
     assert cfg.engine.env["VLLM_CACHE_ROOT"] == str(tmp_path / "vllm")
     local = load_config(Path(__file__).parents[2] / "conf" / "local.yaml")
     assert cfg.prompt.version == local.prompt.version, "the API's default prompt is the job's, for the same model"
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_column_functions_spec_carries_prompt_aspect_evidence(on: bool) -> None:
+    from qwenspark.api import _spec
+
+    spec, _ = _spec(resolve_config(ECHO, prompt__aspect_evidence=on), None)
+    assert spec.aspect_evidence is on

@@ -372,3 +372,18 @@ def test_metrics_count_requests_latency_and_tokens() -> None:
     assert "qwenspark_serve_generated_tokens_total 40.0" in text
     assert "qwenspark_serve_in_flight 0.0" in text and "qwenspark_serve_queue_depth 0.0" in text
     assert "qwenspark_serve_tokens_per_second 4.0" in text
+
+
+def test_the_service_keeps_only_aspects_the_review_has_a_word_of_when_asked() -> None:
+    """prompt.aspect_evidence reaches the service's rows: Scripted names "room" for every review."""
+    cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
+                           "prompt": {"version": "v9", "aspect_evidence": True}})
+    service = Service(cfg, Scripted())
+
+    async def go() -> httpx.Response:
+        async with _client(service) as client:
+            return await client.post("/v1/analyze", json={"reviews": [{"text": "Dirty room."},
+                                                                      {"text": "Lovely staff."}]})
+
+    results = _run(go()).json()["results"]
+    assert [r["aspects"] for r in results] == [[{"aspect": "room", "sentiment": "negative"}], []]
