@@ -21,12 +21,15 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from qwenspark.schemas import ASPECTS
+from qwenspark.scoring import mentions
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLD = ROOT / "bench" / "data" / "aspects_gold.jsonl"
@@ -62,32 +65,21 @@ def ask(url: str, text: str, lang: str, tries: int = 3) -> dict[str, Any]:
 
 
 def score(marked: list[set[str]], named: list[set[str] | None]) -> dict[str, Any]:
-    """Micro precision / recall / F1 over (review, aspect) pairs; answers that failed (None) count as naming none."""
-    tp = fp = fn = 0
-    per: dict[str, Counter[str]] = {}
-    for gold, answer in zip(marked, named, strict=True):
-        got = answer or set()
-        for a in gold | got:
-            c = per.setdefault(a, Counter())
-            hit = "tp" if a in gold and a in got else ("fp" if a in got else "fn")
-            c[hit] += 1
-        tp += len(gold & got)
-        fp += len(got - gold)
-        fn += len(gold - got)
+    """Micro precision / recall / F1 over (review, aspect) pairs (qwenspark.scoring.mentions), overall and per
+    aspect; answers that failed (None) count as naming none."""
 
-    def prf(tp: int, fp: int, fn: int) -> dict[str, float]:
-        p = tp / (tp + fp) if tp + fp else 0.0
-        r = tp / (tp + fn) if tp + fn else 0.0
-        return {"precision": round(p, 3), "recall": round(r, 3), "f1": round(2 * p * r / (p + r), 3) if p + r else 0.0}
+    def only(aspect: str, answers: list[set[str] | None]) -> list[set[str] | None]:
+        return [None if s is None else s & {aspect} for s in answers]
 
+    overall = asdict(mentions(marked, named))
     return {
-        **prf(tp, fp, fn),
+        **{k: overall[k] for k in ("precision", "recall", "f1")},
         "reviews": len(marked),
         "answers_failed": sum(g is None for g in named),
         "mean_aspects_marked": round(sum(map(len, marked)) / len(marked), 2),
         "mean_aspects_named": round(sum(len(g or ()) for g in named) / len(named), 2),
-        "per_aspect": {a: {**prf(c["tp"], c["fp"], c["fn"]), "marked": c["tp"] + c["fn"]}
-                       for a, c in sorted(per.items())},
+        "per_aspect": {a: asdict(mentions([s & {a} for s in marked], only(a, named))) for a in ASPECTS
+                       if any(a in s for s in [*marked, *(n or set() for n in named)])},
     }
 
 

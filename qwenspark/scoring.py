@@ -14,7 +14,7 @@ F1 averaged over the gold classes of the row's scheme (macro-F1).
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 
@@ -70,13 +70,26 @@ def per_class(gold: Sequence[str], answers: Sequence[str | None]) -> dict[str, C
     out = {}
     for label in classes:
         tp = sum(g == label and p == label for g, p in zip(gold, pred, strict=True))
-        predicted = sum(p == label for p in pred)
-        support = sum(g == label for g in gold)
-        precision = tp / predicted if predicted else 0.0
-        recall = tp / support if support else 0.0
-        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-        out[label] = ClassScore(round(precision, 4), round(recall, 4), round(f1, 4), support)
+        out[label] = _score(tp, sum(p == label for p in pred), sum(g == label for g in gold))
     return out
+
+
+def mentions(marked: Sequence[Collection[str]], named: Sequence[Collection[str] | None]) -> ClassScore:
+    """Precision/recall/F1 over (review, item) pairs, e.g. the aspects each review talks about against those its
+    answer names (bench/aspect_quality.py); an answer that failed (None) names none. support: the marked pairs."""
+    tp = predicted = support = 0
+    for gold, answer in zip(marked, named, strict=True):
+        got = set(answer or ())
+        tp, predicted, support = tp + len(got & set(gold)), predicted + len(got), support + len(gold)
+    return _score(tp, predicted, support)
+
+
+def _score(tp: int, predicted: int, support: int) -> ClassScore:
+    """Precision, recall and F1 from the counts (0.0 where undefined), rounded to 4 places."""
+    precision = tp / predicted if predicted else 0.0
+    recall = tp / support if support else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return ClassScore(round(precision, 4), round(recall, 4), round(f1, 4), support)
 
 
 def accuracy(gold: Sequence[str], answers: Sequence[str | None]) -> float:

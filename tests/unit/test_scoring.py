@@ -165,3 +165,11 @@ def test_a_held_out_sample_shares_no_row_with_the_excluded_ones(tmp_path: Path) 
     rest = load_labelled(csv, None, exclude=[(40, 3)])  # every row but the chosen ones
     assert len(rest) == 160 and set(held_out["source_id"]) <= set(rest["source_id"])
     assert not set(rest["source_id"]) & set(chosen["source_id"])
+
+
+def test_mentions_scores_review_item_pairs_and_a_failed_answer_names_none() -> None:
+    marked = [{"room", "service"}, {"noise"}, {"location"}]
+    named = [{"room", "price/value"}, {"noise"}, None]
+    got = scoring.mentions(marked, named)
+    assert (got.precision, got.recall, got.support) == (round(2 / 3, 4), 0.5, 4)
+    assert got.f1 == round(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5), 4)
