@@ -8,6 +8,10 @@ C="--config bench/device/serve-h200.yaml --set prompt.version=v13 --tokenizer .d
 SMALL="--shape qwen3-0.6b --rate 200 --set serve.optimistic=false"
 A="--shape ${BATCH_SHAPE:-qwen2.5-7b} --strategies v13 --unguided-valid 0.95 --gpu-memory 0.45 --reviews ${BATCH_REVIEWS:-4000} --bare-reviews 128 --tokenizer .devrun/tok --data .devrun/reviews_dev.csv --lengths-from v13=$L"
 t0=$(date +%s)
+# the host as this call found it (stop 44's machine was slower than stop 43's: the 0.6B's engine core is CPU-bound):
+# its CPU model and clock, its load, the busiest processes (anything left over from an earlier call shows here)
+[ -n "${OUT:-}" ] && [ ! -f "$OUT/host.txt" ] && { lscpu | grep -E "^Model name|MHz|^CPU\(s\)"; uptime
+  top -b -n1 -o %CPU | head -20; } > "$OUT/host.txt" 2>&1
 run() { name=$1; shift; timeout $1 bash bench/device/run_workload.sh bench/serve_latency.py $C $SMALL "${@:2}" --json-out $OUT/$name.json > $OUT/$name.log 2>&1 & p=$!
   until grep -q "^\[load\]" $OUT/$name.log 2>/dev/null || ! kill -0 $p 2>/dev/null; do sleep 0.5; done
   sleep 6; nvidia-smi > $OUT/smi_$name.txt 2>&1
