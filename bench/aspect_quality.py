@@ -10,6 +10,9 @@ grammar, parsing as the batch job), and each answer's aspects are scored against
     qwenspark serve --config conf/local.yaml --port 8077 &
     .venv/bin/python bench/aspect_quality.py --url http://127.0.0.1:8077 --json-out bench/results/aspects_cpu.json
 
+The service stores only the aspects the review has a cue word of (prompt.aspect_evidence, on by default since stop
+44); `--set prompt.aspect_evidence=false` on `qwenspark serve` scores the model's aspects as it names them.
+
 Prints micro precision / recall / F1 over (review, aspect) pairs, per aspect, and how many aspects an answer names
 against how many the review talks about.
 """

@@ -85,7 +85,7 @@ class AnalyzeSpec:
     max_review_tokens: int
     cores: int = 0  # threads each engine gets (0: leave the worker's settings)
     guard: bool = True  # prompt.guard: instructions to the model cut from the review first (qwenspark.guard)
-    aspect_evidence: bool = False  # prompt.aspect_evidence: aspects whose words the review lacks are dropped
+    aspect_evidence: bool = True  # prompt.aspect_evidence: aspects whose words the review lacks are dropped
 
 
 def make_analyze_fn(

@@ -486,13 +486,13 @@ class PromptConfig(_Section):
         "that holds nothing else gets an empty: error.",
     )
     aspect_evidence: bool = Field(
-        False,
+        True,
         description="Store only the aspects the review has a word of (qwenspark.aspect_evidence: cue words per "
         "aspect, English and Chinese); the others are the model's guesses. The default 0.5B with v10 named 6.2 "
         "aspects a review where it talked about 4.4, no better than naming all eight (held-out aspect F1 0.71, "
         "precision 0.60); with this on, F1 0.82, precision 0.83 "
-        "(bench/aspect_quality.py, README \"Aspect quality\"). Not part of input_key: rows stored before it was "
-        "turned on keep their aspects until analysed again.",
+        "(bench/aspect_quality.py, README \"Aspect quality\"). On by default since stop 44. Not part of input_key: "
+        "rows stored before it was turned on keep their aspects until analysed again (job.reprocess).",
     )
 
     @field_validator("version")

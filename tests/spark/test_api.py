@@ -88,7 +88,10 @@ def test_analyze_reviews_keeps_every_row_and_column_in_any_schema(spark: SparkSe
             assert analysis["error"] is None, analysis
             assert analysis["sentiment"] == ("negative" if any(w in text.lower() for w in ("dirty", "noisy"))
                                              else "positive")
-            assert analysis["aspects"] and analysis["aspects"][0]["aspect"] == "service"
+            # the echo engine names "service" for every review; prompt.aspect_evidence (on by default) keeps it
+            # only where the review has a word of it (staff, 服务): "Lovely stay, great breakfast." has none
+            named = [a["aspect"] for a in analysis["aspects"]]
+            assert named == (["service"] if "staff" in text or "服务" in text else []), (text, named)
             assert analysis["tokens_out"] > 0
     # What the engine itself was handed (its record): exactly the reviews with content, each once, in batches of 4
     # at most; nothing for the empty ones.
@@ -102,12 +105,13 @@ def test_analyze_reviews_keeps_every_row_and_column_in_any_schema(spark: SparkSe
 def test_the_column_function_runs_the_model_once_per_row_however_often_the_plan_reads_it(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    df = spark.createDataFrame([(i, f"room {i} was dirty" if i % 2 else f"room {i} was fine") for i in range(10)],
+    df = spark.createDataFrame([(i, f"room {i} was dirty" if i % 2 else f"staff at {i} were fine") for i in range(10)],
                                "id long, text string")
     analysed = df.withColumn("a", qwen_analyze("text", config=echo(tmp_path)))
     out = analysed.select("id", "a.sentiment", "a.summary", F.size("a.aspects").alias("n")).collect()
     assert sorted(r.id for r in out) == list(range(10))
-    assert all(r.sentiment == ("negative" if r.id % 2 else "positive") and r.n == 1 for r in out)
+    # the echo's one aspect ("service") is kept where the review says "staff" (prompt.aspect_evidence)
+    assert all(r.sentiment == ("negative" if r.id % 2 else "positive") and r.n == 1 - r.id % 2 for r in out)
     assert sum(c["rows"] for c in read_records(tmp_path, "call")) == 10, "three fields read, one model call per row"
 
 
