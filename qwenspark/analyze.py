@@ -27,7 +27,7 @@ from qwenspark.faults import failpoint
 from qwenspark.guard import strip_directives
 from qwenspark.label_head import get_head
 from qwenspark.optimism import PROBE_EVERY, Optimism
-from qwenspark.parse import Parsed, aspects_json, grammar_misfit, needs_repair, parse_completion
+from qwenspark.parse import Parsed, aspects_json, ended_summary, grammar_misfit, needs_repair, parse_completion
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.resources import pin_task_gpus, pin_threads
 from qwenspark.schemas import EXECUTOR_IN_SCHEMA, RESULT_COLUMNS
@@ -342,7 +342,7 @@ class PreparedBatch:
         else:
             self.sentiment[i] = self._stored_label(i, parsed.record.sentiment, done.label_logprobs)
             self.generated[i] = parsed.record.sentiment
-            self.summary[i] = parsed.record.summary
+            self.summary[i] = ended_summary(parsed.record.summary, self.summary_rules[0])
             self.aspects[i] = aspects_json(parsed.record, self.texts[i] if self.aspect_evidence else None)
         return None
 

@@ -327,6 +327,31 @@ def _dedupe_aspects(record: ReviewAnalysis) -> ReviewAnalysis:
     return record if len(kept) == len(record.aspects) else record.model_copy(update={"aspects": kept})
 
 
+# Where a summary stopped at its bound may be ended: after a clause (English and Chinese punctuation), else at a word.
+_CLAUSE_ENDS = ",;:，；：、"
+_SENTENCE_ENDS = ".!?。！？…"
+
+
+def ended_summary(summary: str, summary_max_chars: int | None = None) -> str:
+    """A summary the grammar stopped at its bound (as long as the bound, not ending a sentence), ended at its last
+    clause or word in its second half with "…" (the dashboard showed "... right by the," before); others as written.
+    """
+    bound = min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS)
+    if len(summary) < bound or summary.endswith(tuple(_SENTENCE_ENDS)):
+        return summary
+    half = bound // 2
+    # the stop may fall just after a clause's comma ("... though, right by the,"): the clause before it is whole
+    body = summary.rstrip(_CLAUSE_ENDS + " ")
+    if not body:
+        return summary
+    at = max(body.rfind(c) for c in _CLAUSE_ENDS)
+    if at < half:  # no clause to end at: the last whole word (the last one is whole if a space or comma followed it)
+        at = len(body) if len(body) < len(summary) else body.rfind(" ")
+    if at < half:  # one long clause without a space (Chinese): keep it, one character shorter
+        return body[: bound - 1] + "…"
+    return body[:at].rstrip(_CLAUSE_ENDS + " ") + "…"
+
+
 def aspects_json(record: ReviewAnalysis, evidence: str | None = None) -> str:
     """The aspects as the compact JSON array stored in review_sentiment.aspects; with evidence (the review's text,
     prompt.aspect_evidence), only those it holds a word of (qwenspark.aspect_evidence)."""

@@ -358,3 +358,18 @@ def test_aspects_the_review_has_no_word_of_are_dropped_when_asked(evidence: bool
     named = [[m["aspect"] for m in json.loads(a)] for a in out["aspects"]]
     assert named == ([["room"], [], ["room"], []] if evidence else [["room"]] * 4)
     assert list(out["sentiment"]) == ["positive"] * 4  # only the aspects change
+
+
+def test_a_summary_the_grammar_stopped_is_stored_ended() -> None:
+    """The stored summary of an answer stopped at the summary's bound (v1: the schema's 200) ends at a clause."""
+    stopped = ("Dirty room and rude staff, the lift broken for days, " * 4)[:200]
+
+    class Stopped(FakeEngine):
+        def generate(self, conversations: Sequence[Sequence[Message]],
+                     langs: Sequence[str] | None = None) -> list[Completion]:
+            answer = {"sentiment": "negative", "summary": stopped, "aspects": []}
+            return [Completion(json.dumps(answer), "stop", 10, 60) for _ in conversations]
+
+    out = analyze_chunk(Stopped(), _frame(["Dirty room and rude staff."]), _spec())
+    assert len(stopped) == 200 and not stopped.endswith(",")
+    assert out["summary"][0] == stopped[: stopped.rfind(",")] + "…"

@@ -7,7 +7,14 @@ import pytest
 
 from qwenspark.config import EngineConfig, load_config
 from qwenspark.errors import ConfigError
-from qwenspark.parse import answer_grammars, aspects_json, json_schema, lines_grammar, parse_completion
+from qwenspark.parse import (
+    answer_grammars,
+    aspects_json,
+    ended_summary,
+    json_schema,
+    lines_grammar,
+    parse_completion,
+)
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.schemas import ASPECTS, SENTIMENTS, SUMMARY_MAX_CHARS
 
@@ -343,3 +350,28 @@ def test_the_early_label_of_an_answer_in_lines() -> None:
     found = _EARLY_LABEL["lines"].match("negative\nBad")
     assert found is not None and found.group(1) == "negative"
     assert _EARLY_LABEL["json"].match("negative\nBad") is None
+
+
+CUT_AT_100 = "The room was filthy and the bathroom smelled, staff ignored us; great location though, right by the,"
+
+
+@pytest.mark.parametrize(("summary", "ended"), [
+    # the default 0.5B's answer (v10, bound 100) to a mixed English review: stopped by the grammar mid-clause
+    (CUT_AT_100, "The room was filthy and the bathroom smelled, staff ignored us; great location though…"),
+    ("Clean room, kind staff.", "Clean room, kind staff."),  # shorter than the bound: as written
+    ("A" * 99 + ".", "A" * 99 + "."),  # as long as the bound but ending a sentence
+    (("word " * 20)[:100], ("word " * 20).strip() + "…"),  # one clause; the last word was whole (a space after it)
+    ("long " * 19 + "words", ("long " * 19).strip() + "…"),  # the last word may be cut: dropped
+    ("早餐很好，" + "房" * 95, "早餐很好，" + "房" * 94 + "…"),  # a clause too long to end at its comma: one char less
+    ("，" * 100, "，" * 100),  # nothing but commas: as written
+])
+def test_a_summary_stopped_at_its_bound_ends_at_a_clause_or_word(summary: str, ended: str) -> None:
+    assert len(summary) == 100 or ended == summary  # the cases at the bound are at it
+    assert ended_summary(summary, 100) == ended
+    assert len(ended_summary(summary, 100)) <= 100
+
+
+def test_the_summary_bound_is_the_grammars() -> None:
+    """Without a version's bound, the schema's SUMMARY_MAX_CHARS is the bound: a 100-character summary is whole."""
+    assert ended_summary(CUT_AT_100) == CUT_AT_100
+    assert ended_summary(CUT_AT_100 + "x" * (SUMMARY_MAX_CHARS - 100)).endswith("…")
