@@ -333,11 +333,12 @@ _SENTENCE_ENDS = ".!?。！？…"
 
 
 def ended_summary(summary: str, summary_max_chars: int | None = None) -> str:
-    """A summary the grammar stopped at its bound (as long as the bound, not ending a sentence), ended at its last
-    clause or word in its second half with "…" (the dashboard showed "... right by the," before); others as written.
+    """A summary the grammar stopped at its bound (exactly as long as the bound, not ending a sentence), ended at its
+    last clause or word in its second half with "…" (the dashboard showed "... right by the," before); others as
+    written (a longer one was not stopped: an unguided answer a version without optimism keeps as it came).
     """
     bound = min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS)
-    if len(summary) < bound or summary.endswith(tuple(_SENTENCE_ENDS)):
+    if len(summary) != bound or summary.endswith(tuple(_SENTENCE_ENDS)):
         return summary
     half = bound // 2
     # the stop may fall just after a clause's comma ("... though, right by the,"): the clause before it is whole

@@ -364,11 +364,12 @@ CUT_AT_100 = "The room was filthy and the bathroom smelled, staff ignored us; gr
     ("long " * 19 + "words", ("long " * 19).strip() + "…"),  # the last word may be cut: dropped
     ("早餐很好，" + "房" * 95, "早餐很好，" + "房" * 94 + "…"),  # a clause too long to end at its comma: one char less
     ("，" * 100, "，" * 100),  # nothing but commas: as written
+    (CUT_AT_100 + " and more", CUT_AT_100 + " and more"),  # longer than the bound: not stopped by it (unguided)
 ])
 def test_a_summary_stopped_at_its_bound_ends_at_a_clause_or_word(summary: str, ended: str) -> None:
     assert len(summary) == 100 or ended == summary  # the cases at the bound are at it
     assert ended_summary(summary, 100) == ended
-    assert len(ended_summary(summary, 100)) <= 100
+    assert len(ended_summary(summary, 100)) <= len(summary)
 
 
 def test_the_summary_bound_is_the_grammars() -> None:
