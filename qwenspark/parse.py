@@ -105,6 +105,11 @@ def _alternatives(words: tuple[str, ...]) -> str:
     return "(" + " | ".join(json.dumps(w) for w in words) + ")"
 
 
+def _summary_bound(summary_max_chars: int | None) -> int:
+    """The summary's bound in characters: a version's summary_max_chars, never above the schema's SUMMARY_MAX_CHARS."""
+    return min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS)
+
+
 def lines_grammar(summary_max_chars: int | None = None, summary_lang: str | None = None,
                   labels: tuple[str, ...] = SENTIMENTS) -> str:
     """The grammar (xgrammar EBNF) handed to guided decoding for answers in lines: a label (one of labels), a quoted
@@ -116,7 +121,7 @@ def lines_grammar(summary_max_chars: int | None = None, summary_lang: str | None
     checked against what follows); as a Regex node ended by a quote, as inside JSON, 21-25 us, about v10's JSON schema
     (bench/device/check_lines_grammar.py)."""
     first, rest = SUMMARY_SCRIPTS.get(summary_lang or "", (f"[^ {_NOT_JSON}]", f"[^{_NOT_JSON}]"))
-    bound = min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS)
+    bound = _summary_bound(summary_max_chars)
     item = f'{_alternatives(ASPECTS)} ":" {_alternatives(ASPECT_SENTIMENTS)}'
     return "\n".join([
         f'root ::= {_alternatives(labels)} "\\n\\"" summary "\\"\\n" aspects',
@@ -252,7 +257,7 @@ def _summary_viable(raw: str, whole: bool, lang: str | None, summary_max_chars: 
     # closing one; every other character stays in the summary.
     body = raw[1:] if raw.startswith('"') else raw
     inner = body[:-1] if body.endswith('"') else body
-    if len(inner) > min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS):
+    if len(inner) > _summary_bound(summary_max_chars):
         return False
     if not (summary_script and lang in SUMMARY_SCRIPTS) or not body:
         return True
@@ -337,8 +342,8 @@ def ended_summary(summary: str, summary_max_chars: int | None = None) -> str:
     last clause or word in its second half with "…" (the dashboard showed "... right by the," before); others as
     written (a longer one was not stopped: an unguided answer a version without optimism keeps as it came).
     """
-    bound = min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS)
-    if len(summary) != bound or summary.endswith(tuple(_SENTENCE_ENDS)):
+    bound = _summary_bound(summary_max_chars)
+    if len(summary) != bound or summary[-1] in _SENTENCE_ENDS:
         return summary
     half = bound // 2
     # the stop may fall just after a clause's comma ("... though, right by the,"): the clause before it is whole
