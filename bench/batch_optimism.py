@@ -2,7 +2,7 @@
 optimistic (engine.optimistic_min_fit 0) against the rule (qwenspark/optimism.py), or (--sides always,uncut) against
 always optimistic with each unguided answer written to its end (engine.cut_dead_ends off), in one run on one engine.
 
-The embedded 0.5B writes v13's lines unguided so that about a fifth fit the grammar (README, stop 35): always
+The embedded 0.5B writes v13's lines unguided so that about a fifth fit the grammar (serve_history.md, stop 35): always
 optimistic, four in five reviews are written twice. The rule's window is shortened (--window) so that it judges within
 the few dozen reviews a CPU run can afford, and batches are small (the rule decides per batch). Each side sees the same
 reviews on its own copy (a run tag in each text, so neither reuses the other's prompt KV cache beyond the shared

@@ -8,7 +8,7 @@ half zh half en, each on a new connection (the kernel spreads connections over t
 answered from /healthz on that connection. Prints each worker's first request, the later ones' median and max, and
 the ratio of the slowest first request to that median: work a process does at its first request (the label head's
 load, a language's first prompt) holds its event loop, and every request sent to that worker meanwhile waits
-(Service.warm does it before the first request: README, stop 40).
+(Service.warm does it before the first request: serve_history.md, stop 40).
 """
 
 from __future__ import annotations

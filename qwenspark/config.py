@@ -352,8 +352,9 @@ class EngineConfig(_Section):
         None, ge=0, le=64, description="vLLM: fill each step's grammar masks with xgrammar's batch matcher on so many "
         "native threads (qwenspark/engines/vllm_masks.py, a vLLM plugin), where vLLM fills them one after another "
         "below 129 guided answers a step: 24 % of the engine core's step loop at 200 guided requests/s on an H200 "
-        "(README, stop 38). 0: vLLM's own fill. Unset: the service on a GPU uses half its cores, at most 8 (stop 39, "
-        "an H100: 189-193 answers/s against 174, label P99 0.61-0.65 s against 1.52 s); elsewhere vLLM's own.",
+        "(bench/results/serve_history.md, stop 38). 0: vLLM's own fill. Unset: the service on a GPU uses half its "
+        "cores, at most 8 (stop 39, an H100: 189-193 answers/s against 174, label P99 0.61-0.65 s against 1.52 s); "
+        "elsewhere vLLM's own.",
     )
     yield_to_service: float = Field(
         0.0, ge=0.0, le=0.95, description="vLLM, the batch and stream beside `qwenspark serve` on the same GPU (or "
@@ -719,13 +720,15 @@ class ServeConfig(_Section):
                          "connections over them. With engine.kind vllm they share one engine, loaded once by "
                          "`qwenspark serve` (qwenspark.serve.shared); other kinds are loaded in each. /healthz and "
                          "/metrics describe the worker that answers. 0: 3 with engine.kind vllm on a CUDA GPU and at "
-                         "least 8 cores to run on (its CPU affinity; measured on an H200: README, stop 33), else 1.")
+                         "least 8 cores to run on (its CPU affinity; measured on an H200: "
+                         "bench/results/serve_history.md, stop 33), else 1.")
     engines: int = Field(1, ge=1, le=8, description="With engine.kind vllm: vLLM engines the service's workers share, "
                          "loaded one after another on the same GPU(s), each taking an equal part of the service's "
                          "engine.gpu_memory_utilization (unset: of vLLM's default 0.9); each request goes to the one "
                          "with the fewest in progress. More than 1 where a small model's engine core is bound by its "
                          "own step loop's CPU while the GPU idles: 2 took the 0.6B's whole-answer P99 at 200 guided "
-                         "requests/s on an H200 from 1.14-1.21 s to 0.42-0.59 s, 3 did no better (README, stop 38).")
+                         "requests/s on an H200 from 1.14-1.21 s to 0.42-0.59 s, 3 did no better "
+                         "(bench/results/serve_history.md, stop 38).")
     optimistic: bool = Field(True, description="With an optimistic prompt version (v11, v13): write each answer "
                              "without the grammar first, as the batch does, and generate the few that misfit again "
                              "with it, pinned to the label already sent. Off: every answer guided from its first "

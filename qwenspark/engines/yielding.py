@@ -4,13 +4,13 @@ duty cycle (engine.yield_to_service).
 Each service process with a vLLM engine publishes how many answers it has in flight in a file of its own on the
 host's board (a folder in /dev/shm); a batch engine with yield_to_service > 0 reads the board and, while a service
 whose devices overlap its own has answers in flight, stands still for that share of every period and runs the rest.
-Beside a batch on one GPU the service's steps wait behind the batch's (README, stops 33-40: whole answer P99 0.67 s
-alone, 3.5-4.4 s beside the batch, MPS did not help); the batch gives way in software here, the one process that can
-tell when it matters. The batch always runs at least 1 - yield_to_service of the time (at most 0.95 is given away),
-so a service that hangs with answers in flight slows the batch but never stops it. The board is open to the host's
-users as /tmp is (a service and the executors may run as different users): whoever can write it can slow a yielding
-batch by that share, nothing more. Services and batches must share the pid namespace (a dead service's file is told
-by its pid) and the folder (a container's mount of /dev/shm, or QWENSPARK_SERVICE_BOARD).
+Beside a batch on one GPU the service's steps wait behind the batch's (bench/results/serve_history.md, stops 33-40:
+whole answer P99 0.67 s alone, 3.5-4.4 s beside the batch, MPS did not help); the batch gives way in software here,
+the one process that can tell when it matters. The batch always runs at least 1 - yield_to_service of the time (at
+most 0.95 is given away), so a service that hangs with answers in flight slows the batch but never stops it. The
+board is open to the host's users as /tmp is (a service and the executors may run as different users): whoever can
+write it can slow a yielding batch by that share, nothing more. Services and batches must share the pid namespace (a
+dead service's file is told by its pid) and the folder (a container's mount of /dev/shm, or QWENSPARK_SERVICE_BOARD).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ class Yielding:
     begins. The share counts the batch's steps whole: a step the batch began in its run, or was in when told to stand
     still, ends before the batch stops (a 7B step of 16,384 tokens outlasts a 10 ms run on an H100), so each hold is
     as long as the run before it, overrun included, times share / (1 - share), at most MAX_HOLD_S. Measured on an
-    H100 (README, stop 42) before this: at 0.95 the batch stood still 12.4 s of a 15 s load."""
+    H100 (serve_history.md, stop 42) before this: at 0.95 the batch stood still 12.4 s of a 15 s load."""
 
     def __init__(self, board: Board, share: float, period: float = PERIOD_S) -> None:
         if not 0.0 < share < 1.0:

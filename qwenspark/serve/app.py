@@ -247,7 +247,7 @@ class Service:
         languages of the prompts it built: load the prompt version's label head and build a prompt per language
         (the chat template's compile, the tokenised text around a review). Done by the first request instead, it
         held that process's event loop 70-100 ms on this CPU with every request behind it waiting (each of
-        serve.workers' processes does it; README, stop 40). Nothing is generated, counted or stored."""
+        serve.workers' processes does it; serve_history.md, stop 40). Nothing is generated, counted or stored."""
         rows = self._rows([Review(text, None, None, 0, None) for text in WARM_REVIEWS])
         batch = PreparedBatch(self.engine, pd.DataFrame(rows, columns=CLEAN_SCHEMA.fieldNames()), self.spec,
                               optimistic=False)
@@ -505,7 +505,7 @@ def serve(cfg: QwenSparkConfig, host: str | None = None, port: int | None = None
 
 # Service processes for serve.workers 0 on a GPU. On an H200 one process was the bound once the engine ran full CUDA
 # graphs (0.99 of a core, the 0.6B saturated at 163 of 200 requests/s); with 3 the engine core was (193/s, each
-# worker 0.2-0.4 of a core): README, stop 33. Fewer than 8 cores leave the engine core none to spare.
+# worker 0.2-0.4 of a core): serve_history.md, stop 33. Fewer than 8 cores leave the engine core none to spare.
 GPU_WORKERS, GPU_WORKERS_MIN_CORES = 3, 8
 
 
