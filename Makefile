@@ -57,7 +57,8 @@ demo: deps venv db model
 	@echo "[demo] schema and grants as the schema owner (qwenspark init-db), then data/demo/hotel_reviews_demo.csv"
 	@.venv/bin/qwenspark -q init-db --config conf/local.yaml >/dev/null
 	@.venv/bin/qwenspark -q load-reviews --config conf/local.yaml
-	@echo "[demo] running the batch job through spark-submit (progress below; full log: .run/demo-job.log)"
+	@echo "[demo] running the batch job through spark-submit (progress below, a line per 32 reviews; full log: .run/demo-job.log)"
+	@echo "[demo] 313 reviews: about 2-3 min on a 2-core CPU with AVX-512, up to an hour on one without (README, Two commands)"
 	@set -o pipefail; .venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
 	  --conf spark.ui.showConsoleProgress=false --driver-java-options -Duser.timezone=UTC jobs/hotel_sentiment.py --config conf/local.yaml \
 	  2>&1 | tee .run/demo-job.log | grep --line-buffered -vE '$(NOISE)'
