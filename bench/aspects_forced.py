@@ -7,7 +7,7 @@ the product asks (any aspects), and once with a grammar whose aspects are exactl
 of (`qwenspark.aspect_evidence.mentioned`), each required, so that the model only chooses their sentiments. The
 label and the summary come before the aspects in the answer, so they are decoded the same way in both.
 
-    .venv/bin/python bench/aspects_forced.py --json-out bench/results/aspects_forced_v10_cpu.json
+    .venv/bin/python bench/aspects_forced.py --json-out bench/results/aspects_forced_v10_qwen2.5-coder-0.5b_cpu.json
 
 Prints presence precision / recall / F1 of both against the marks, and writes each review's two answers so that
 the forced aspects' sentiments can be read against the text (the marks have no sentiment per aspect).
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aspect_quality import DATA, GOLD, load
+from aspect_quality import DATA, GOLD, load, score
 
 from qwenspark.aspect_evidence import mentioned
 from qwenspark.engines.base import resolve_dtype
@@ -47,15 +47,6 @@ def schema(lang: str, forced: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def score(pairs: list[tuple[set[str], set[str]]]) -> dict[str, float]:
-    """Micro precision / recall / F1 of named aspects against marked ones over (review, aspect) pairs."""
-    tp = sum(len(named & marked) for named, marked in pairs)
-    named_n = sum(len(n) for n, _ in pairs)
-    marked_n = sum(len(m) for _, m in pairs)
-    p, r = tp / max(named_n, 1), tp / max(marked_n, 1)
-    return {"precision": round(p, 3), "recall": round(r, 3), "f1": round(2 * p * r / max(p + r, 1e-9), 3)}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gold", type=Path, nargs="+", default=[GOLD, GOLD.with_name("aspects_heldout.jsonl")])
@@ -76,14 +67,13 @@ def main() -> None:
     llm = LLM(model=str(args.model), max_model_len=2048, enforce_eager=True, dtype=resolve_dtype("auto", on_gpu=False),
               structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
     template = get_template("v10")
-    conversations, params, kinds = [], [], []
+    conversations, params = [], []
     for row in reviews.itertuples():
         cues = [a for a in ASPECTS if a in mentioned(row.text)]
-        for kind, forced in (("free", None), ("forced", cues)):
+        for forced in (None, cues):
             conversations.append(template.messages(row.text, row.lang))
             params.append(SamplingParams(temperature=0.0, max_tokens=256, structured_outputs=StructuredOutputsParams(
                 json=schema(row.lang, forced))))
-            kinds.append(kind)
     t0 = time.perf_counter()
     outputs = llm.chat(conversations, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
@@ -92,17 +82,18 @@ def main() -> None:
         free, forced = (json.loads(outputs[2 * i + k].outputs[0].text) for k in (0, 1))
         rows.append({"source_id": row.source_id, "lang": row.lang, "text": row.text, "marked": list(row.aspects),
                      "free": free, "forced": forced})
+    marked = [set(r["marked"]) for r in rows]
     report = {
         "model": str(args.model), "prompt_version": "v10", "reviews": len(rows), "seconds": round(seconds, 1),
-        "free_kept_to_cues": score([(set(r["free"]["aspects"]) & mentioned(r["text"]), set(r["marked"]))
-                                    for r in rows]),
-        "free": score([(set(r["free"]["aspects"]), set(r["marked"])) for r in rows]),
-        "forced": score([(set(r["forced"]["aspects"]), set(r["marked"])) for r in rows]),
+        "free_kept_to_cues": score(marked, [set(r["free"]["aspects"]) & mentioned(r["text"]) for r in rows]),
+        "free": score(marked, [set(r["free"]["aspects"]) for r in rows]),
+        "forced": score(marked, [set(r["forced"]["aspects"]) for r in rows]),
         "same_label": sum(r["free"]["sentiment"] == r["forced"]["sentiment"] for r in rows),
         "same_summary": sum(r["free"]["summary"] == r["forced"]["summary"] for r in rows),
         "rows": rows,
     }
-    print(json.dumps({k: v for k, v in report.items() if k != "rows"}, indent=1))
+    print(json.dumps({k: v if not isinstance(v, dict) else {m: v[m] for m in ("precision", "recall", "f1")}
+                      for k, v in report.items() if k != "rows"}, indent=1))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
 
