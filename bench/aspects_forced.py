@@ -26,23 +26,25 @@ from aspect_quality import DATA, GOLD, load, score
 
 from qwenspark.aspect_evidence import mentioned
 from qwenspark.engines.base import resolve_dtype
-from qwenspark.parse import json_schema
+from qwenspark.parse import ASPECT_MAP_SCHEMA, json_schema
 from qwenspark.prompts import get_template
-from qwenspark.schemas import ASPECT_SENTIMENTS, ASPECTS
+from qwenspark.schemas import ASPECTS
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / ".cache" / "models" / "qwen2.5-coder-0.5b-instruct"
+VERSION = "v10"  # the default prompt version: its prompt and grammar
 
 
 def schema(lang: str, forced: list[str] | None) -> dict[str, Any]:
-    """v10's schema for lang; forced: the aspects object holds exactly these, each required, in ASPECTS order."""
-    template = get_template("v10")
+    """VERSION's schema for lang; forced: its aspects object (parse.ASPECT_MAP_SCHEMA) holds exactly these, each
+    required, in ASPECTS order."""
+    template = get_template(VERSION)
     out = json_schema(template.answer_order, template.summary_max_chars, lang if template.summary_script else None,
                       aspect_map=True)
     if forced is not None:
         out["properties"]["aspects"] = {
-            "type": "object", "properties": {a: {"enum": list(ASPECT_SENTIMENTS)} for a in forced},
-            "required": forced, "additionalProperties": False,
+            **ASPECT_MAP_SCHEMA, "properties": {a: ASPECT_MAP_SCHEMA["properties"][a] for a in forced},
+            "required": forced,
         }
     return out
 
@@ -66,10 +68,11 @@ def main() -> None:
     reviews = pd.concat([load(g, args.data) for g in args.gold], ignore_index=True)
     llm = LLM(model=str(args.model), max_model_len=2048, enforce_eager=True, dtype=resolve_dtype("auto", on_gpu=False),
               structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
-    template = get_template("v10")
+    template = get_template(VERSION)
     conversations, params = [], []
     for row in reviews.itertuples():
-        cues = [a for a in ASPECTS if a in mentioned(row.text)]
+        found = mentioned(row.text)
+        cues = [a for a in ASPECTS if a in found]
         for forced in (None, cues):
             conversations.append(template.messages(row.text, row.lang))
             params.append(SamplingParams(temperature=0.0, max_tokens=256, structured_outputs=StructuredOutputsParams(
@@ -84,7 +87,7 @@ def main() -> None:
                      "free": free, "forced": forced})
     marked = [set(r["marked"]) for r in rows]
     report = {
-        "model": str(args.model), "prompt_version": "v10", "reviews": len(rows), "seconds": round(seconds, 1),
+        "model": str(args.model), "prompt_version": VERSION, "reviews": len(rows), "seconds": round(seconds, 1),
         "free_kept_to_cues": score(marked, [set(r["free"]["aspects"]) & mentioned(r["text"]) for r in rows]),
         "free": score(marked, [set(r["free"]["aspects"]) for r in rows]),
         "forced": score(marked, [set(r["forced"]["aspects"]) for r in rows]),
