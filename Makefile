@@ -36,8 +36,9 @@ venv: $(VENV_OK)
 $(VENV_OK): pyproject.toml
 	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev,delta,dashboard,serve] (first time: about 2-3 min, 4.5 GB)"
 	@test -x $(PY) || python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
-	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install --progress-bar on -e ".[cpu,hf,dev,delta,dashboard,serve]" | grep -E "^(Collecting|Installing|Successfully)" || true
+	@# --no-cache-dir: pip's wheel cache would hold a second copy of what the venv holds (GBs on a full disk).
+	@$(PY) -m pip install -q --no-cache-dir --upgrade pip
+	@$(PY) -m pip install --no-cache-dir --progress-bar on -e ".[cpu,hf,dev,delta,dashboard,serve]" | grep -E "^(Collecting|Installing|Successfully)" || true
 	@# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside CPU torch.
 	@$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 	@$(PY) -c "import vllm, pyspark; print('[venv] vllm', vllm.__version__, '/ pyspark', pyspark.__version__)"

@@ -35,7 +35,7 @@ else
   say "creating $VENV with ${PINS[*]} (first time: about 1 min, 0.7 GB)"
   test -x "$VENV/bin/python" || python3.11 -m venv "$VENV" 2>/dev/null || python3 -m venv "$VENV"
   # pip's find-links warnings about absent local mirrors are noise; real errors still fail the step.
-  "$VENV/bin/pip" install -q --disable-pip-version-check "${PINS[@]}" 2> >(grep -v "^WARNING: Location" >&2)
+  "$VENV/bin/pip" install -q --no-cache-dir --disable-pip-version-check "${PINS[@]}" 2> >(grep -v "^WARNING: Location" >&2)
   touch "$STAMP"
 fi
 
