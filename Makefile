@@ -34,7 +34,7 @@ deps:
 
 venv: $(VENV_OK)
 $(VENV_OK): pyproject.toml
-	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev,delta,dashboard,serve] (first time: about 2-3 min, 4.5 GB)"
+	@echo "[venv] creating .venv and installing qwenspark[cpu,hf,dev,delta,dashboard,serve] (first time: about 2-3 min, 5 GB)"
 	@test -x $(PY) || python3.11 -m venv .venv 2>/dev/null || python3 -m venv .venv
 	@# --no-cache-dir: pip's wheel cache would hold a second copy of what the venv holds (GBs on a full disk).
 	@$(PY) -m pip install -q --no-cache-dir --upgrade pip
@@ -59,7 +59,7 @@ demo: deps venv db model
 	@.venv/bin/qwenspark -q init-db --config conf/local.yaml >/dev/null
 	@.venv/bin/qwenspark -q load-reviews --config conf/local.yaml
 	@echo "[demo] running the batch job through spark-submit (progress below, a line per 32 reviews; full log: .run/demo-job.log)"
-	@echo "[demo] 313 reviews: about 2-3 min on a 2-core CPU with AVX-512, up to an hour on one without (README, Two commands)"
+	@echo "[demo] 313 reviews: about 3 min on a 2-core CPU with AVX-512, 12 min on one with AVX2 only (README, Two commands)"
 	@set -o pipefail; .venv/bin/spark-submit --master 'local[2]' --jars $(JAR) --conf spark.python.worker.reuse=true \
 	  --conf spark.ui.showConsoleProgress=false --driver-java-options -Duser.timezone=UTC jobs/hotel_sentiment.py --config conf/local.yaml \
 	  2>&1 | tee .run/demo-job.log | grep --line-buffered -vE '$(NOISE)'
