@@ -60,7 +60,7 @@ def main() -> None:
     dtype = resolve_dtype("auto", on_gpu=False)
     demo = pd.read_csv(DEMO, keep_default_na=False)  # blank reviews (the demo has four) are not the model's work
     reviews = demo[demo["text"].str.strip() != ""].head(args.reviews)
-    given = [lang or None for lang in reviews["lang"]]
+    langs = [detect_lang(text, lang or None) for text, lang in zip(reviews["text"], reviews["lang"], strict=True)]
     template = get_template(VERSION)
     llm = LLM(model=str(args.model), max_model_len=2048, enforce_eager=True, dtype=dtype, enable_prefix_caching=True,
               structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
@@ -68,8 +68,7 @@ def main() -> None:
     cfg_grammars = answer_grammars(templated(load_config(ROOT / "conf/local.yaml").engine, VERSION))
 
     def prompts(tag: str) -> list[list[dict[str, str]]]:
-        return [template.messages(f"{text} ({tag})", detect_lang(text, lang))
-                for text, lang in zip(reviews["text"], given, strict=True)]
+        return [template.messages(f"{text} ({tag})", lang) for text, lang in zip(reviews["text"], langs, strict=True)]
 
     def ids(conversation: list[dict[str, str]]) -> list[int]:
         text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
@@ -77,15 +76,13 @@ def main() -> None:
 
     warm = prompts("warm")[:1]
     llm.chat(warm, SamplingParams(max_tokens=1), use_tqdm=False)  # the shared prefix into the cache
-    shared = _common_prefix([ids(c) for c in prompts("a")])
-
     first = prompts("prefill")
+    shared = _common_prefix([ids(c) for c in first])
     t0 = time.perf_counter()
     prefilled = llm.chat(first, SamplingParams(max_tokens=1), use_tqdm=False)
     prefill_s = time.perf_counter() - t0
 
     whole = prompts("whole")
-    langs = [detect_lang(t, g) for t, g in zip(reviews["text"], given, strict=True)]
     params = [SamplingParams(temperature=0.0, max_tokens=256, structured_outputs=StructuredOutputsParams(
         **cfg_grammars.get(lang, cfg_grammars[None]))) for lang in langs]
     t0 = time.perf_counter()
