@@ -484,9 +484,10 @@ class ContinuousFeed:
     """Keeps the engine busy across batches: new requests join while earlier ones still decode.
 
     The naive way (generate one batch, wait for its longest answer, then the next) idles the engine's
-    batch slots while the last sequences finish. Here a batch's requests are added as soon as it arrives,
-    at most `max_in_flight` requests are outstanding (bounding memory and latency), and finished batches
-    are handed back strictly in input order, so the one-row-out-per-row-in contract and row order hold.
+    batch slots while the last sequences finish. Here a batch's requests are added as soon as it arrives, then
+    the engine is stepped until at most `max_in_flight` are outstanding (so up to `max_in_flight` plus one batch
+    while a batch is added: bounding memory and latency), and finished batches are handed back strictly in input
+    order, so the one-row-out-per-row-in contract and row order hold.
     """
 
     def __init__(self, engine: StreamingEngine, max_in_flight: int) -> None:

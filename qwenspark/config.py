@@ -380,7 +380,8 @@ class EngineConfig(_Section):
         True, description="Feed the engine continuously across batches (vLLM); false: one generate per batch."
     )
     max_in_flight: int | None = Field(
-        None, ge=1, description="Most requests outstanding per task in continuous mode (None: 2 x batch_size)."
+        None, ge=1, description="Requests outstanding per task in continuous mode before the next batch is added "
+        "(None: 2 x batch_size); a batch joins whole, so up to this plus batch_size while it is added.",
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="Environment set in the executor before the engine is imported."
