@@ -81,14 +81,17 @@ class Review:
 
 
 def read_reviews(body: bytes, max_reviews: int) -> list[Review]:
-    """The reviews of a request body: one object, or {"reviews": [...]}; Refused(400) for anything else."""
+    """The reviews of a request body: one object, a list of them, or {"reviews": [...]}; Refused(400) otherwise."""
     try:
         payload = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise Refused(400, "body is not UTF-8") from None
     except json.JSONDecodeError as exc:
         raise Refused(400, f"body is not JSON: {exc.msg} at {exc.pos}") from None
-    items = payload.get("reviews") if isinstance(payload, dict) and "reviews" in payload else [payload]
+    if isinstance(payload, list):  # a bare list is what a client sending several reviews writes first
+        items: object = payload
+    else:
+        items = payload.get("reviews") if isinstance(payload, dict) and "reviews" in payload else [payload]
     if not isinstance(items, list) or not items:
         raise Refused(400, "reviews: a non-empty list of objects")
     if len(items) > max_reviews:
@@ -111,8 +114,11 @@ def _review(item: object, n: int) -> Review:
             raise Refused(400, f"{where}.{name}: not valid Unicode (a lone surrogate such as \\ud800)")
     if lang is not None and not isinstance(lang, str):
         raise Refused(400, f"{where}.lang: a string or null")
+    if isinstance(hotel, int) and not isinstance(hotel, bool):
+        hotel = str(hotel)  # numeric hotel ids are common: stored as their digits, as the VARCHAR column holds them
     if hotel is not None and (not isinstance(hotel, str) or len(hotel) > HOTEL_ID_MAX_CHARS):
-        raise Refused(400, f"{where}.hotel_id: a string of at most {HOTEL_ID_MAX_CHARS} characters, or null")
+        raise Refused(400, f"{where}.hotel_id: a string or integer of at most {HOTEL_ID_MAX_CHARS} characters, "
+                      "or null")
     if rid is not None and (isinstance(rid, bool) or not isinstance(rid, int) or not _INT64[0] <= rid <= _INT64[1]):
         raise Refused(400, f"{where}.review_id: a 64-bit integer or null")
     return Review(text, lang, hotel, rid, _timestamp(created, f"{where}.created_at"))
