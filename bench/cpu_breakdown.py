@@ -29,9 +29,8 @@ DEMO = ROOT / "data/demo/hotel_reviews_demo.csv"
 VERSION = "v10"
 
 
-def cpu_flags() -> dict[str, Any]:
-    """The CPU's model name, cores and the vector extensions that decide the model's speed."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+def cpu_flags(info: str) -> dict[str, Any]:
+    """The CPU's model name, cores and the vector extensions that decide the model's speed (from /proc/cpuinfo)."""
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
     return {"cpu": name or platform.processor(), "cores": os.cpu_count(),
@@ -45,27 +44,31 @@ def main() -> None:
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args()
 
-    for name, value in (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("VLLM_CPU_KVCACHE_SPACE", "2")):
-        os.environ.setdefault(name, value)  # as conf/local.yaml's engine.env
+    from qwenspark.config import load_config
+
+    engine = load_config(ROOT / "conf/local.yaml").engine  # the demo's engine settings, read rather than copied
+    for name, value in engine.env.items():
+        os.environ.setdefault(name, value)  # before vllm is imported, as the executor does
     import pandas as pd
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
     from qwenspark.analyze import templated
-    from qwenspark.config import load_config
     from qwenspark.engines.base import resolve_dtype
     from qwenspark.parse import answer_grammars
     from qwenspark.prompts import detect_lang, get_template
 
-    dtype = resolve_dtype("auto", on_gpu=False)
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    dtype = resolve_dtype(engine.dtype, on_gpu=False, cpuinfo=cpuinfo)  # the flags reported below decide it
     demo = pd.read_csv(DEMO, keep_default_na=False)  # blank reviews (the demo has four) are not the model's work
     reviews = demo[demo["text"].str.strip() != ""].head(args.reviews)
     langs = [detect_lang(text, lang or None) for text, lang in zip(reviews["text"], reviews["lang"], strict=True)]
     template = get_template(VERSION)
-    llm = LLM(model=str(args.model), max_model_len=2048, enforce_eager=True, dtype=dtype, enable_prefix_caching=True,
+    llm = LLM(model=str(args.model), max_model_len=engine.max_model_len, enforce_eager=engine.enforce_eager,
+              dtype=dtype, enable_prefix_caching=True,
               structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True})
     tokenizer = llm.get_tokenizer()
-    cfg_grammars = answer_grammars(templated(load_config(ROOT / "conf/local.yaml").engine, VERSION))
+    cfg_grammars = answer_grammars(templated(engine, VERSION))
 
     def prompts(tag: str) -> list[list[dict[str, str]]]:
         return [template.messages(f"{text} ({tag})", lang) for text, lang in zip(reviews["text"], langs, strict=True)]
@@ -93,7 +96,7 @@ def main() -> None:
     answer_tokens = [len(o.outputs[0].token_ids) for o in outputs]
     n = len(outputs)
     report = {
-        "host": cpu_flags(), "dtype": dtype, "model": args.model.name, "prompt_version": VERSION, "reviews": n,
+        "host": cpu_flags(cpuinfo), "dtype": dtype, "model": args.model.name, "prompt_version": VERSION, "reviews": n,
         "tokens_per_review": {"shared_prefix": len(shared),
                               "review_own": round(sum(prompt_tokens) / n - len(shared), 1),
                               "answer": round(sum(answer_tokens) / n, 1),
