@@ -35,6 +35,15 @@ class DeadEnds:
         return self._viable(self.text, *self._rules)
 
 
+def first_dead_end(reader: DeadEnds, answer: Sequence[int], read: int) -> int | None:
+    """How many of answer's tokens end it at its first dead end, reading those after the first `read` one at a time
+    (a step may bring several: speculative decoding's accepted proposals); None while it can still fit."""
+    for end in range(read + 1, len(answer) + 1):
+        if not reader.viable(answer[:end]):
+            return end
+    return None
+
+
 def cuts_dead_ends(cfg: EngineConfig, guided: bool) -> bool:
     """Whether an attempt's answer is read for its dead ends: written without the grammar (guided False) by an
     optimistic version whose answers are in lines, with engine.cut_dead_ends on; never where no attempt has the

@@ -10,14 +10,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, MutableMapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Engine, Message, Retry
-from qwenspark.engines.dead_ends import DEAD_END, DeadEnds, cuts_dead_ends, reader
+from qwenspark.engines.dead_ends import DEAD_END, DeadEnds, cuts_dead_ends, first_dead_end, reader
 from qwenspark.engines.vllm_feeds import token_prompt
 from qwenspark.engines.yielding import publish, unpublish
 from qwenspark.errors import EngineError, RequestError
@@ -46,6 +46,20 @@ SERVE_GPU_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "max_num_batched_toke
 GRAPH_TOKENS_MAX = 2048  # graphs captured for steps of up to this many tokens: each size is a capture at start
 
 
+# The service's engine settings on a CPU where engine.engine_kwargs leaves them unset: prompt-lookup (n-gram)
+# speculative decoding. An answer's JSON keys come from the prompt's examples and its summary often from the review,
+# so 4 tokens proposed from the prompt's own n-grams are mostly accepted (79 % on 24 dev reviews, about 3 answer
+# tokens a step), and one answer on a CPU is bound by its number of steps: on 2 cores with the default 0.5B and v10
+# the whole answer's P50 went from 4.8 to 2.4 s for one client and 5.6 to 3.3 s for four, the same labels on 600 dev
+# reviews (bench/results/serve_latency_cpu_stop48.json). Not for the batch: with 32 answers a step the CPU is
+# compute-bound and verifying the proposals cost 32 % of its reviews/s. Not yet on a GPU, where vLLM turns off its
+# asynchronous scheduling with n-gram proposals and the step is the engine core's CPU: unmeasured there.
+SERVE_CPU_DEFAULTS: dict[str, Any] = {
+    "speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                           "prompt_lookup_max": 4},
+}
+
+
 # Tokens of each warm-up answer (AsyncVllm.warm): enough for the grammar's mask to be applied on the GPU.
 WARM_TOKENS = 2
 
@@ -60,6 +74,12 @@ def gpu_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     graphs.setdefault("max_cudagraph_capture_size", min(int(out["max_num_batched_tokens"]), GRAPH_TOKENS_MAX))
     out["compilation_config"] = graphs
     return out
+
+
+def cpu_kwargs(kwargs: dict[str, Any], chosen: Mapping[str, Any]) -> dict[str, Any]:
+    """kwargs (engines.vllm.engine_kwargs) with the service's CPU defaults for what engine.engine_kwargs (chosen)
+    leaves out; a key set there to null stays off (engine_kwargs has dropped it from kwargs)."""
+    return {**{k: v for k, v in SERVE_CPU_DEFAULTS.items() if k not in chosen}, **kwargs}
 
 
 @dataclass(frozen=True)
@@ -193,6 +213,9 @@ class AsyncVllm:
             kwargs = gpu_kwargs(kwargs)
             log.info("serve: vLLM on the GPU with %s sequences at once, %s tokens a step, CUDA graphs %s",
                      kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"], kwargs.get("compilation_config", "off"))
+        else:
+            kwargs = cpu_kwargs(kwargs, cfg.engine_kwargs)
+            log.info("serve: vLLM on the CPU, speculative decoding %s", kwargs.get("speculative_config") or "off")
         inspect_here(cfg.model)  # with the engine core in this process (as on CPU)
         llm = AsyncLLM.from_engine_args(engine_args(kwargs, cfg.model, asynchronous=True))
         tokenizer = llm.get_tokenizer()
@@ -280,11 +303,12 @@ class AsyncVllm:
                         yield Step(list(best.token_ids), best.text, _label_logprobs(best) if best.logprobs else None,
                                    best.finish_reason, len(ids), out.finished)
                         continue
+                    read = len(answer)
                     answer.extend(best.token_ids)
                     if out.finished:
                         yield Step(answer, None, None, best.finish_reason, len(ids), True)
-                    elif reader is not None and not reader.viable(answer):
-                        yield Step(answer, None, None, DEAD_END, len(ids), True)
+                    elif reader is not None and (end := first_dead_end(reader, answer, read)) is not None:
+                        yield Step(answer[:end], None, None, DEAD_END, len(ids), True)
                         return
                     elif len(answer) <= EARLY_TOKENS:
                         yield Step(list(answer))

@@ -45,6 +45,7 @@ def test_concurrent_requests_and_the_label_first_stream_over_a_socket(version: s
 
     async def go() -> tuple[list[httpx.Response], list[tuple[float, dict[str, Any]]]]:
         engine = await AsyncVllm.start(serve_engine_config(cfg))
+        spec = engine._llm.vllm_config.speculative_config
         server = uvicorn.Server(uvicorn.Config(create_app(Service(cfg, engine)), host="127.0.0.1", port=port,
                                                log_level="warning"))
         serving = asyncio.create_task(server.serve())
@@ -68,6 +69,9 @@ def test_concurrent_requests_and_the_label_first_stream_over_a_socket(version: s
             await serving
             await engine.close()
         assert 'qwenspark_serve_requests_total{code="200"} 13.0' in metrics
+        # the service's CPU default, as vLLM took it (serve.engine.SERVE_CPU_DEFAULTS): the answers above were
+        # decoded with n-gram proposals
+        assert (spec.method, spec.num_speculative_tokens) == ("ngram", 4)
         return answers, lines
 
     answers, lines = asyncio.run(go())
@@ -131,6 +135,19 @@ def test_the_gpu_defaults_sit_under_the_users_settings_and_vllm_reads_them() -> 
     assert mine["max_num_seqs"] == 64
     assert mine["compilation_config"] == {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 1024}
     assert "compilation_config" not in gpu_kwargs({"enforce_eager": True})
+
+
+def test_the_cpu_defaults_speculate_from_the_prompt_unless_the_user_says_otherwise() -> None:
+    from qwenspark.engines.vllm_feeds import engine_args
+    from qwenspark.serve.engine import cpu_kwargs
+
+    args = engine_args(cpu_kwargs({"dtype": "float32"}, {}), "m", asynchronous=True)
+    assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                                       "prompt_lookup_max": 4}
+    mine = {"method": "ngram", "num_speculative_tokens": 2}
+    assert cpu_kwargs({"speculative_config": mine}, {"speculative_config": mine})["speculative_config"] == mine
+    # engine.engine_kwargs.speculative_config: null turns it off (engines.vllm.engine_kwargs drops the None)
+    assert "speculative_config" not in cpu_kwargs({"dtype": "float32"}, {"speculative_config": None})
 
 
 # vLLM builds its grammar backend and compiles the GPU's mask kernel at the first guided request, in the step loop
