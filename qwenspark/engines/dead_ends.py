@@ -34,14 +34,13 @@ class DeadEnds:
         self.text, self._read = self.text + more, len(answer)
         return self._viable(self.text, *self._rules)
 
-
-def first_dead_end(reader: DeadEnds, answer: Sequence[int], read: int) -> int | None:
-    """How many of answer's tokens end it at its first dead end, reading those after the first `read` one at a time
-    (a step may bring several: speculative decoding's accepted proposals); None while it can still fit."""
-    for end in range(read + 1, len(answer) + 1):
-        if not reader.viable(answer[:end]):
-            return end
-    return None
+    def dead_end(self, answer: Sequence[int]) -> int | None:
+        """How many of answer's tokens end it at its first dead end, those not yet read taken one at a time (a step
+        may bring several: speculative decoding's accepted proposals); None while it can still fit."""
+        for end in range(self._read + 1, len(answer) + 1):
+            if not self.viable(answer[:end]):
+                return end
+        return None
 
 
 def cuts_dead_ends(cfg: EngineConfig, guided: bool) -> bool:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from qwenspark.config import EngineConfig
 from qwenspark.engines.base import Completion, Engine, Message, Retry
-from qwenspark.engines.dead_ends import DEAD_END, DeadEnds, cuts_dead_ends, first_dead_end, reader
+from qwenspark.engines.dead_ends import DEAD_END, DeadEnds, cuts_dead_ends, reader
 from qwenspark.engines.vllm_feeds import token_prompt
 from qwenspark.engines.yielding import publish, unpublish
 from qwenspark.errors import EngineError, RequestError
@@ -303,11 +303,10 @@ class AsyncVllm:
                         yield Step(list(best.token_ids), best.text, _label_logprobs(best) if best.logprobs else None,
                                    best.finish_reason, len(ids), out.finished)
                         continue
-                    read = len(answer)
                     answer.extend(best.token_ids)
                     if out.finished:
                         yield Step(answer, None, None, best.finish_reason, len(ids), True)
-                    elif reader is not None and (end := first_dead_end(reader, answer, read)) is not None:
+                    elif reader is not None and (end := reader.dead_end(answer)) is not None:
                         yield Step(answer[:end], None, None, DEAD_END, len(ids), True)
                         return
                     elif len(answer) <= EARLY_TOKENS:

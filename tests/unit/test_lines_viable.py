@@ -112,8 +112,8 @@ class _Chars:
 @pytest.mark.parametrize("per_step", [1, 2, 5])
 def test_a_step_of_several_tokens_is_cut_at_its_first_dead_end(per_step: int) -> None:
     # Speculative decoding's accepted proposals arrive several a step: the answer ends at the token that made it a
-    # dead end (here the 'x' after the label), as it does one token a step, not at the step's last token.
-    from qwenspark.engines.dead_ends import DeadEnds, first_dead_end
+    # dead end (here the summary's first Latin letter), as it does one token a step, not at the step's last token.
+    from qwenspark.engines.dead_ends import DeadEnds
 
     text = 'positive\n"Good room, clean"\nroom:positive'  # an English summary of a Chinese review
     first = next(n for n in range(len(text) + 1) if not lines_viable(text[:n], "zh", 100, True))
@@ -121,9 +121,8 @@ def test_a_step_of_several_tokens_is_cut_at_its_first_dead_end(per_step: int) ->
     ids = [ord(c) for c in text]
     reader, answer, end = DeadEnds(_Chars(), "zh", 100, True), [], None
     while end is None and len(answer) < len(ids):
-        read = len(answer)
-        answer = ids[:read + per_step]
-        end = first_dead_end(reader, answer, read)
+        answer = ids[:len(answer) + per_step]
+        end = reader.dead_end(answer)
     assert end == first
     good = [ord(c) for c in 'positive\n"Nice"\nroom:positive\n']
-    assert first_dead_end(DeadEnds(_Chars(), "en", 100, True), good, 0) is None
+    assert DeadEnds(_Chars(), "en", 100, True).dead_end(good) is None
