@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import time
 from collections import deque
@@ -47,6 +48,7 @@ from qwenspark.serve.pauses import Pauses, freeze_heap
 log = logging.getLogger("qwenspark.serve")
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 _INT64 = (-(2**63), 2**63 - 1)
+_DECIMAL = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit would take "²" and other scripts' digits
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Service.warm's reviews: one for each language the prompts have (the language found from the text, as for a request
 # that names none).
@@ -119,8 +121,10 @@ def _review(item: object, n: int) -> Review:
     if hotel is not None and (not isinstance(hotel, str) or len(hotel) > HOTEL_ID_MAX_CHARS):
         raise Refused(400, f"{where}.hotel_id: a string or integer of at most {HOTEL_ID_MAX_CHARS} characters, "
                       "or null")
+    if isinstance(rid, str) and _DECIMAL.fullmatch(rid):
+        rid = int(rid)  # as its decimal string: JavaScript's numbers lose a BIGINT id's last digits past 2**53
     if rid is not None and (isinstance(rid, bool) or not isinstance(rid, int) or not _INT64[0] <= rid <= _INT64[1]):
-        raise Refused(400, f"{where}.review_id: a 64-bit integer or null")
+        raise Refused(400, f"{where}.review_id: a 64-bit integer (or its decimal string) or null")
     return Review(text, lang, hotel, rid, _timestamp(created, f"{where}.created_at"))
 
 

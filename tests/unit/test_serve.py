@@ -269,20 +269,24 @@ def test_overload_gets_429_with_retry_after_and_memory_stays_bounded() -> None:
     assert [r.status_code for r in held] == [200, 200] and engine.started == 2
 
 
-def test_a_bare_list_is_a_list_of_reviews_and_an_integer_hotel_id_its_digits() -> None:
+def test_a_bare_list_is_a_list_of_reviews_an_integer_hotel_id_its_digits_and_a_review_id_its_decimal_string() -> None:
     service = Service(_config(), Scripted())
 
     async def go() -> httpx.Response:
         async with _client(service) as client:
             return await client.post("/v1/analyze", json=[
                 {"text": "Dirty room.", "review_id": 1, "hotel_id": 9_223_372_036_854_775_807},
-                {"text": "Lovely staff.", "review_id": 2, "hotel_id": "H2"}])
+                {"text": "Lovely staff.", "review_id": 2, "hotel_id": "H2"},
+                # as a JavaScript client sends a BIGINT id it cannot hold as a number
+                {"text": "Noisy street.", "review_id": "9223372036854775807"},
+                {"text": "Cold shower.", "review_id": "-9223372036854775808"}])
 
     response = _run(go())
     assert response.status_code == 200, response.text
     results = response.json()["results"]
     assert [(r["review_id"], r["hotel_id"], r["summary"]) for r in results] == [
-        (1, "9223372036854775807", "Dirty room."), (2, "H2", "Lovely staff.")]
+        (1, "9223372036854775807", "Dirty room."), (2, "H2", "Lovely staff."),
+        (9_223_372_036_854_775_807, None, "Noisy street."), (-(2**63), None, "Cold shower.")]
 
 
 @pytest.mark.parametrize(("body", "status", "reason"), [
@@ -295,6 +299,10 @@ def test_a_bare_list_is_a_list_of_reviews_and_an_integer_hotel_id_its_digits() -
     ({"reviews": [{"text": "ok"}] * 17}, 413, "at most 16"),
     ({"text": "ok", "rating": 5}, 400, "unknown field(s) ['rating']"),
     ({"text": "ok", "review_id": 2**63}, 400, "64-bit integer"),
+    ({"text": "ok", "review_id": "9223372036854775808"}, 400, "64-bit integer"),
+    ({"text": "ok", "review_id": "12a"}, 400, "64-bit integer"),
+    ({"text": "ok", "review_id": "\u00b2"}, 400, "64-bit integer"),
+    ({"text": "ok", "review_id": " 7"}, 400, "64-bit integer"),
     ({"text": "ok", "created_at": "yesterday"}, 400, "ISO 8601"),
     ({"text": "ok", "hotel_id": "h" * 65}, 400, "at most 64 characters"),
     ({"text": "ok", "hotel_id": True}, 400, "a string or integer"),
