@@ -7,6 +7,10 @@
 A step of N answers under v13's grammars (half zh, half en), each at a seeded point of a real dev answer; a step's
 fill is timed as the median of 5 rounds of 200 fills. Prints one line per N: ms a step for the serial fill (what vLLM
 does below 129 answers a step) and for the batch matcher at each thread count, and their ratio.
+
+--drafts K: with speculative decoding (the service's n-gram proposals): each answer carries its own next K tokens as
+draft tokens, and a step is K + 1 masks an answer; vLLM always fills those serially (StructuredOutputManager's
+grammar_bitmask, timed as it is) against vllm_masks.batch_fill, a draft position at a time.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def main() -> int:
     p.add_argument("--tokenizer", type=Path, default=ROOT / ".cache" / "models" / "qwen2.5-coder-0.5b-instruct")
     p.add_argument("--answers", default="40,80,160")
     p.add_argument("--threads", default="1,2,8")
+    p.add_argument("--drafts", type=int, default=0, help="draft tokens an answer a step (0: none)")
     p.add_argument("--json-out", type=Path)
     args = p.parse_args()
 
@@ -68,7 +73,9 @@ def main() -> int:
     threads = [int(t) for t in args.threads.split(",")]
     batch = {t: xgr.BatchGrammarMatcher(t) for t in threads}
     rows: list[dict[str, Any]] = []
-    for count in (int(n) for n in args.answers.split(",")):
+    if args.drafts:
+        rows = [_drafted(int(n), args.drafts, threads, tokenizer, compiled=compiled) for n in args.answers.split(",")]
+    for count in (int(n) for n in args.answers.split(",") if not args.drafts):
         rng = random.Random(count)
         matchers = []
         for n in range(count):
@@ -100,9 +107,59 @@ def main() -> int:
     if args.json_out:
         import os
 
-        args.json_out.write_text(json.dumps({"tokenizer": args.tokenizer.name, "cpus": os.cpu_count(), "steps": rows},
-                                            indent=1) + "\n")
+        args.json_out.write_text(json.dumps({"tokenizer": args.tokenizer.name, "cpus": os.cpu_count(),
+                                             "drafts": args.drafts, "steps": rows}, indent=1) + "\n")
     return 0
+
+
+def _drafted(count: int, drafts: int, threads: list[int], tokenizer: Any, *, compiled: dict[str, Any]
+             ) -> dict[str, Any]:
+    """One step of count answers, each with its own next `drafts` tokens as drafts: vLLM's fill against ours."""
+    from types import SimpleNamespace
+
+    import torch
+    import xgrammar as xgr
+    from vllm.v1.structured_output import _CONSTRAINED_FROM_START, StructuredOutputManager
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
+
+    from qwenspark.engines import vllm_masks
+
+    rng = random.Random(count)
+    requests: dict[str, Any] = {}
+    proposed: dict[str, list[int]] = {}
+    for n in range(count):
+        lang = "zh" if n % 2 else "en"
+        ids = tokenizer.encode(rng.choice(ANSWERS[lang]), add_special_tokens=False)
+        grammar = XgrammarGrammar(vocab_size=len(tokenizer), matcher=xgr.GrammarMatcher(compiled[lang]),
+                                  ctx=compiled[lang])
+        at = rng.randrange(len(ids) - drafts)
+        assert grammar.accept_tokens(str(n), ids[:at])
+        requests[str(n)] = SimpleNamespace(structured_output_request=SimpleNamespace(grammar=grammar))
+        proposed[str(n)] = ids[at: at + drafts]
+    ids_ = list(requests)
+    manager: Any = SimpleNamespace(  # what grammar_bitmask reads of vLLM's StructuredOutputManager
+        vllm_config=SimpleNamespace(num_speculative_tokens=drafts, model_config=SimpleNamespace(is_diffusion=False)),
+        reasoner_cls=None, _grammar_bitmask=xgr.allocate_token_bitmask(count * (1 + drafts), len(tokenizer)),
+        _full_mask=torch.tensor(-1, dtype=torch.int32), fill_bitmask_parallel_threshold=128,
+        _get_constraint_bounds=lambda request, tokens, **_: _CONSTRAINED_FROM_START)
+    manager._fill_bitmasks = lambda batch: StructuredOutputManager._fill_bitmasks(manager, batch)
+
+    def serial() -> Any:
+        return StructuredOutputManager.grammar_bitmask(manager, requests, ids_, proposed)
+
+    reference = serial().copy()
+    row: dict[str, Any] = {"answers": count, "drafts": drafts, "serial_ms": _median_ms(serial, reps=50)}
+    for t in threads:
+        manager._grammar_bitmask.zero_()
+        got = vllm_masks.batch_fill(manager, requests, ids_, str(t), proposed)
+        assert (got == reference).all(), f"the batch matcher's masks differ ({t} threads)"
+        def ours(t: int = t) -> None:
+            vllm_masks.batch_fill(manager, requests, ids_, str(t), proposed)
+
+        row[f"batch_{t}_ms"] = _median_ms(ours, reps=50)
+        row[f"serial_vs_batch_{t}"] = round(row["serial_ms"] / row[f"batch_{t}_ms"], 2)
+    print(json.dumps(row), flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -11,7 +11,11 @@ bit for bit), 1.41 against 0.85 ms a step for 80 answers on two threads of this 
 vLLM loads general plugins (the `vllm.general_plugins` entry point in pyproject.toml) in each of its processes, the
 engine core among them; register() changes nothing unless the engine's environment names a thread count (ENV, set by
 engines.vllm.apply_env from engine.batch_grammar_masks), and it takes over a step only where vLLM's own fill has nothing
-more to do: no draft tokens, no reasoning parser, every grammar xgrammar's. Anything else goes to vLLM's own code.
+more to do: no reasoning parser, every grammar xgrammar's. Anything else goes to vLLM's own code.
+
+With speculative decoding (draft tokens, as the service's n-gram proposals) vLLM always fills serially: a mask per
+draft position and one for the bonus token, each answer's matcher walked through its drafts and rolled back. Here the
+same walk goes position by position over the whole step, each position's masks in one batch call.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ log = logging.getLogger("vllm.plugins.qwenspark_masks")
 ENV = "QWENSPARK_BATCH_GRAMMAR_MASKS"
 
 _MATCHERS: dict[str, Any] = {}  # one BatchGrammarMatcher (its thread pool) per thread setting and process
-FILLED = {"steps": 0}  # steps whose masks the batch matcher filled, in this process (tests read it)
+FILLED = {"steps": 0, "drafted": 0}  # steps whose masks the batch matcher filled, in this process, and those of them
+# with draft tokens (tests read it)
 
 
 def asked(environ: Mapping[str, str] = os.environ) -> str:
@@ -51,7 +56,7 @@ def register() -> None:
 
     def grammar_bitmask(self: Any, requests: dict[str, Any], structured_output_request_ids: list[str],
                         scheduled_spec_decode_tokens: dict[str, list[int]]) -> Any:
-        filled = batch_fill(self, requests, structured_output_request_ids, threads)
+        filled = batch_fill(self, requests, structured_output_request_ids, threads, scheduled_spec_decode_tokens)
         if filled is None:
             return own(self, requests, structured_output_request_ids, scheduled_spec_decode_tokens)
         return filled
@@ -62,31 +67,87 @@ def register() -> None:
     setattr(StructuredOutputManager, "_qwenspark_own_grammar_bitmask", own)  # noqa: B010  vLLM's own (tests)
 
 
-def batch_fill(manager: Any, requests: dict[str, Any], request_ids: list[str], threads: str) -> Any:
-    """The step's masks as vLLM's grammar_bitmask returns them (an int32 array, a row per request in order), or None
-    where this step needs vLLM's own path."""
+def batch_fill(manager: Any, requests: dict[str, Any], request_ids: list[str], threads: str,
+               drafts: Mapping[str, list[int]] | None = None) -> Any:
+    """The step's masks as vLLM's grammar_bitmask returns them (an int32 array: a row per request in order, or with
+    draft tokens a row per draft position and one for the bonus token), or None where this step needs vLLM's own
+    path."""
     config = manager.vllm_config
-    if (not request_ids or config.num_speculative_tokens or manager.reasoner_cls is not None
-            or getattr(config.model_config, "is_diffusion", False) or manager._grammar_bitmask is None):
+    if (not request_ids or manager.reasoner_cls is not None or getattr(config.model_config, "is_diffusion", False)
+            or manager._grammar_bitmask is None):
         return None  # the first guided step too: vLLM allocates the bitmask there
-    bitmask = manager._grammar_bitmask
-    matchers, rows = [], []
-    for row, request_id in enumerate(request_ids):
-        grammar = requests[request_id].structured_output_request.grammar
-        matcher = getattr(grammar, "matcher", None)
-        if matcher is None:  # not xgrammar's
-            return None
-        if grammar.is_terminated():
-            bitmask[row].fill_(manager._full_mask)  # as vLLM's _fill_bitmasks: every token allowed
-        else:
-            matchers.append(matcher)
-            rows.append(row)
-    if matchers:
-        _matcher(threads).batch_fill_next_token_bitmask(matchers, bitmask, rows)
+    grammars = [requests[request_id].structured_output_request.grammar for request_id in request_ids]
+    if any(getattr(grammar, "matcher", None) is None for grammar in grammars):
+        return None  # not xgrammar's
+    step_drafts = [list((drafts or {}).get(r, ())) for r in request_ids]
+    rows = _fill_with_drafts(manager, grammars, step_drafts, threads)
     FILLED["steps"] += 1
+    FILLED["drafted"] += any(step_drafts)
     if FILLED["steps"] == 1:
         log.info("qwenspark: grammar masks filled by xgrammar's batch matcher (%s threads) from this step on", threads)
-    return bitmask[: len(request_ids)].numpy()
+    return manager._grammar_bitmask[:rows].numpy()
+
+
+def _fill_with_drafts(manager: Any, grammars: list[Any], drafts: list[list[int]], threads: str) -> int:
+    """Fill each answer's rows (one per draft token, then the bonus token's) as vLLM's serial walk does, a draft
+    position at a time for the whole step; the matchers end where they began. Returns the rows written."""
+    walk = _Walk([grammar.matcher for grammar in grammars], drafts)
+    for k in range(max(len(draft) for draft in drafts) + 1):
+        batch, rows = walk.fill_plain_rows(k, manager._grammar_bitmask, manager._full_mask)
+        if batch:
+            _matcher(threads).batch_fill_next_token_bitmask(batch, manager._grammar_bitmask, rows)
+        walk.take(k)
+    walk.rollback()
+    return walk.starts[-1]
+
+
+class _Walk:
+    """The step's answers walked through their draft tokens (vLLM's StructuredOutputManager.grammar_bitmask rules)."""
+
+    def __init__(self, matchers: list[Any], drafts: list[list[int]]) -> None:
+        self.matchers, self.drafts = matchers, drafts
+        self.starts = [0]  # each answer's first row; the last entry is the rows in all
+        for draft in drafts:
+            self.starts.append(self.starts[-1] + len(draft) + 1)
+        self.advanced = [0] * len(drafts)
+        self.failed: list[int | None] = [None] * len(drafts)  # the row of the draft token the grammar refused
+        self.padded = [False] * len(drafts)  # past a -1 (the proposer's padding): every token allowed after it
+
+    def fill_plain_rows(self, k: int, bitmask: Any, full: Any) -> tuple[list[Any], list[int]]:
+        """Write position k's rows that need no matcher; return the matchers and rows whose masks remain."""
+        batch, rows = [], []
+        for n, draft in enumerate(self.drafts):
+            if k > len(draft):
+                continue
+            row, failed = self.starts[n] + k, self.failed[n]
+            if failed is not None:
+                bitmask[row].copy_(bitmask[failed])  # vLLM's rule: the last good state's mask, not none
+            elif self.padded[n] or self.matchers[n].is_terminated():
+                bitmask[row].fill_(full)  # as vLLM's _fill_bitmasks: every token allowed
+            else:
+                batch.append(self.matchers[n])
+                rows.append(row)
+        return batch, rows
+
+    def take(self, k: int) -> None:
+        """Advance each answer's matcher past its draft token at position k, or mark where it stopped."""
+        for n, draft in enumerate(self.drafts):
+            if k >= len(draft) or self.failed[n] is not None or self.padded[n]:
+                continue
+            matcher = self.matchers[n]
+            if draft[k] == -1:
+                self.padded[n] = True
+            elif not matcher.is_terminated() and matcher.accept_token(draft[k]):
+                self.advanced[n] += 1
+            else:
+                self.failed[n] = self.starts[n] + k
+                log.error("qwenspark: the grammar refused draft token %s during the mask fill", draft[k])
+
+    def rollback(self) -> None:
+        """Put each matcher back where the step found it."""
+        for matcher, count in zip(self.matchers, self.advanced, strict=True):
+            if count:
+                matcher.rollback(count)
 
 
 def _matcher(threads: str) -> Any:

@@ -30,7 +30,8 @@ ANSWERS = {
 
 @pytest.fixture(scope="module")
 def step(tiny_model: Path) -> dict[str, Any]:
-    """A step of 24 guided answers under v13's grammars, each at a seeded point of a real answer, 3 of them ended."""
+    """A step of 24 guided answers under v13's grammars, each at a seeded point of a real answer, 3 of them ended;
+    each request also holds the rest of its answer (rest: token ids, the stop token last)."""
     from transformers import AutoTokenizer
     from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
 
@@ -44,14 +45,19 @@ def step(tiny_model: Path) -> dict[str, Any]:
     requests: dict[str, Any] = {}
     for n in range(24):
         lang = "zh" if n % 2 else "en"
-        ids = tokenizer.encode(ANSWERS[lang], add_special_tokens=False)
+        ids = [*tokenizer.encode(ANSWERS[lang], add_special_tokens=False), info.stop_token_ids[0]]
         grammar = XgrammarGrammar(vocab_size=vocab, matcher=xgr.GrammarMatcher(compiled[lang]), ctx=compiled[lang])
         ended = n in (5, 12, 19)
-        taken = [*ids, info.stop_token_ids[0]] if ended else ids[: rng.randrange(len(ids))]
+        # request 22: two tokens before its stop token, so that its drafts run through the answer's end
+        taken = ids if ended else ids[: len(ids) - 3] if n == 22 else ids[: rng.randrange(len(ids) - 1)]
         assert grammar.accept_tokens(str(n), taken)
         assert grammar.is_terminated() == ended
-        requests[str(n)] = SimpleNamespace(structured_output_request=SimpleNamespace(grammar=grammar))
+        requests[str(n)] = SimpleNamespace(structured_output_request=SimpleNamespace(grammar=grammar),
+                                           rest=ids[len(taken):])
     return {"requests": requests, "vocab": vocab}
+
+
+SPEC = 4  # draft tokens a step, as the service's n-gram proposals (serve/engine.py SERVE_CPU_DEFAULTS)
 
 
 def _manager(vocab: int, *, spec: int = 0, reasoner: Any = None) -> Any:
@@ -59,7 +65,7 @@ def _manager(vocab: int, *, spec: int = 0, reasoner: Any = None) -> Any:
     left as an earlier step wrote it (zeros: nothing allowed), so that every row must be written."""
     return SimpleNamespace(
         vllm_config=SimpleNamespace(num_speculative_tokens=spec, model_config=SimpleNamespace(is_diffusion=False)),
-        reasoner_cls=reasoner, _grammar_bitmask=xgr.allocate_token_bitmask(32, vocab).zero_(),
+        reasoner_cls=reasoner, _grammar_bitmask=xgr.allocate_token_bitmask(32 * (1 + spec), vocab).zero_(),
         _full_mask=torch.tensor(-1, dtype=torch.int32))
 
 
@@ -82,8 +88,56 @@ def test_the_batch_matchers_masks_are_vllms_own(step: dict[str, Any]) -> None:
     assert sum(not (got[row] == -1).all() for row in range(len(ids))) == 21  # the others are real masks
 
 
+def _refused(grammar: Any, vocab: int) -> int:
+    """A token id the grammar refuses where it stands (its state unchanged)."""
+    for token in range(vocab):
+        if not grammar.matcher.accept_token(token):
+            return token
+        grammar.matcher.rollback(1)
+    raise AssertionError("the grammar takes every token")
+
+
+def test_with_draft_tokens_the_batch_matchers_masks_are_vllms_own(step: dict[str, Any]) -> None:
+    from vllm.v1.structured_output import _CONSTRAINED_FROM_START, StructuredOutputManager
+
+    requests, vocab = step["requests"], step["vocab"]
+    ids = list(requests)
+    random.Random(5).shuffle(ids)
+    drafts: dict[str, list[int]] = {}
+    for n, rid in enumerate(ids):  # each way vLLM's walk can go, over the step's answers
+        rest, grammar = requests[rid].rest, requests[rid].structured_output_request.grammar
+        refused = _refused(grammar, vocab) if not grammar.is_terminated() else 0
+        drafts[rid] = [
+            [],                                 # no proposal this step: one row
+            rest[:SPEC],                        # the answer's own next tokens, all taken (22: through its stop token)
+            [*rest[:1], refused, *rest[1:3]],   # the second refused: its row's mask for the rows after it
+            [*rest[:1], -1, -1, -1],            # the proposer's padding: every token allowed after it
+            [refused, *rest[:2]],               # the first refused
+            rest[:2],                           # fewer than SPEC
+        ][n % 6] if not grammar.is_terminated() else [3, 4]  # an ended answer's drafts: refused at the first
+    drafts["22"] = requests["22"].rest[:SPEC]
+    before = [(g.num_processed_tokens, g.is_terminated())
+              for g in (requests[rid].structured_output_request.grammar for rid in ids)]
+
+    got = vllm_masks.batch_fill(_manager(vocab, spec=SPEC), requests, ids, "2", drafts).copy()
+    theirs = _manager(vocab, spec=SPEC)
+    theirs.fill_bitmask_parallel_threshold = 128
+    theirs._get_constraint_bounds = lambda request, tokens, **_: _CONSTRAINED_FROM_START  # no reasoning parser
+    theirs._fill_bitmasks = lambda batch: StructuredOutputManager._fill_bitmasks(theirs, batch)
+    expected = StructuredOutputManager.grammar_bitmask(theirs, requests, ids, drafts)
+
+    rows = sum(len(d) + 1 for d in drafts.values())
+    assert got.shape == expected.shape == (rows, theirs._grammar_bitmask.shape[1])
+    assert (got == expected).all()
+    assert [(g.num_processed_tokens, g.is_terminated()) for g in
+            (requests[rid].structured_output_request.grammar for rid in ids)] == before  # matchers rolled back
+    start = sum(len(drafts[rid]) + 1 for rid in ids[: ids.index("22")])
+    # 22's drafts end its answer: real masks up to its stop token, every token allowed for the bonus token after it
+    assert [bool((got[start + k] == -1).all()) for k in range(4)] == [False, False, False, True]
+    assert sum(not (row == -1).all() for row in got) > len(ids)  # real masks beyond one an answer
+
+
 @pytest.mark.parametrize("manager", [
-    {"spec": 2},                 # draft tokens: a mask per draft position, vLLM's path
     {"reasoner": object},        # a reasoning parser decides where the grammar starts
 ])
 def test_steps_it_cannot_take_go_to_vllms_own_code(step: dict[str, Any], manager: dict[str, Any]) -> None:
