@@ -92,11 +92,13 @@ def _fill_with_drafts(manager: Any, grammars: list[Any], drafts: list[list[int]]
     """Fill each answer's rows (one per draft token, then the bonus token's) as vLLM's serial walk does, a draft
     position at a time for the whole step; the matchers end where they began. Returns the rows written."""
     walk = _Walk([grammar.matcher for grammar in grammars], drafts)
-    for k in range(max(len(draft) for draft in drafts) + 1):
+    depth = max(len(draft) for draft in drafts)  # 0 without speculative decoding: one row an answer, nothing to take
+    for k in range(depth + 1):
         batch, rows = walk.fill_plain_rows(k, manager._grammar_bitmask, manager._full_mask)
         if batch:
             _matcher(threads).batch_fill_next_token_bitmask(batch, manager._grammar_bitmask, rows)
-        walk.take(k)
+        if k < depth:
+            walk.take(k)
     walk.rollback()
     return walk.starts[-1]
 
