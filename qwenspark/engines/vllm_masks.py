@@ -20,9 +20,10 @@ same walk goes position by position over the whole step, each position's masks i
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # Under vLLM's logger, whose handler vLLM sets up once it reads the engine's config (after the plugins are loaded).
@@ -76,10 +77,11 @@ def batch_fill(manager: Any, requests: dict[str, Any], request_ids: list[str], t
     if (not request_ids or manager.reasoner_cls is not None or getattr(config.model_config, "is_diffusion", False)
             or manager._grammar_bitmask is None):
         return None  # the first guided step too: vLLM allocates the bitmask there
-    grammars = [requests[request_id].structured_output_request.grammar for request_id in request_ids]
+    grammars = [requests[r].structured_output_request.grammar for r in request_ids]
     if any(getattr(grammar, "matcher", None) is None for grammar in grammars):
         return None  # not xgrammar's
-    step_drafts = [list((drafts or {}).get(r, ())) for r in request_ids]
+    # vLLM passes {} without speculative decoding
+    step_drafts: list[Sequence[int]] = [drafts.get(r, ()) for r in request_ids] if drafts else [()] * len(grammars)
     rows = _fill_with_drafts(manager, grammars, step_drafts, threads)
     FILLED["steps"] += 1
     FILLED["drafted"] += any(step_drafts)
@@ -88,10 +90,10 @@ def batch_fill(manager: Any, requests: dict[str, Any], request_ids: list[str], t
     return manager._grammar_bitmask[:rows].numpy()
 
 
-def _fill_with_drafts(manager: Any, grammars: list[Any], drafts: list[list[int]], threads: str) -> int:
+def _fill_with_drafts(manager: Any, grammars: list[Any], drafts: list[Sequence[int]], threads: str) -> int:
     """Fill each answer's rows (one per draft token, then the bonus token's) as vLLM's serial walk does, a draft
     position at a time for the whole step; the matchers end where they began. Returns the rows written."""
-    walk = _Walk([grammar.matcher for grammar in grammars], drafts)
+    walk = _Walk(grammars, drafts)
     depth = max(len(draft) for draft in drafts)  # 0 without speculative decoding: one row an answer, nothing to take
     for k in range(depth + 1):
         batch, rows = walk.fill_plain_rows(k, manager._grammar_bitmask, manager._full_mask)
@@ -99,18 +101,21 @@ def _fill_with_drafts(manager: Any, grammars: list[Any], drafts: list[list[int]]
             _matcher(threads).batch_fill_next_token_bitmask(batch, manager._grammar_bitmask, rows)
         if k < depth:
             walk.take(k)
-    walk.rollback()
+    if depth:
+        walk.rollback()
     return walk.starts[-1]
 
 
 class _Walk:
     """The step's answers walked through their draft tokens (vLLM's StructuredOutputManager.grammar_bitmask rules)."""
 
-    def __init__(self, matchers: list[Any], drafts: list[list[int]]) -> None:
-        self.matchers, self.drafts = matchers, drafts
-        self.starts = [0]  # each answer's first row; the last entry is the rows in all
-        for draft in drafts:
-            self.starts.append(self.starts[-1] + len(draft) + 1)
+    def __init__(self, grammars: list[Any], drafts: list[Sequence[int]]) -> None:
+        self.matchers, self.drafts = [grammar.matcher for grammar in grammars], drafts
+        # vLLM's own record of each answer's end where the step starts (cheaper than asking xgrammar), then the
+        # matcher's as the walk takes drafts
+        self.ended = [grammar.is_terminated() for grammar in grammars]
+        # each answer's first row; the last entry is the rows in all
+        self.starts = [0, *itertools.accumulate(len(draft) + 1 for draft in drafts)]
         self.advanced = [0] * len(drafts)
         self.failed: list[int | None] = [None] * len(drafts)  # the row of the draft token the grammar refused
         self.padded = [False] * len(drafts)  # past a -1 (the proposer's padding): every token allowed after it
@@ -124,7 +129,7 @@ class _Walk:
             row, failed = self.starts[n] + k, self.failed[n]
             if failed is not None:
                 bitmask[row].copy_(bitmask[failed])  # vLLM's rule: the last good state's mask, not none
-            elif self.padded[n] or self.matchers[n].is_terminated():
+            elif self.padded[n] or self.ended[n]:
                 bitmask[row].fill_(full)  # as vLLM's _fill_bitmasks: every token allowed
             else:
                 batch.append(self.matchers[n])
@@ -139,8 +144,9 @@ class _Walk:
             matcher = self.matchers[n]
             if draft[k] == -1:
                 self.padded[n] = True
-            elif not matcher.is_terminated() and matcher.accept_token(draft[k]):
+            elif not self.ended[n] and matcher.accept_token(draft[k]):
                 self.advanced[n] += 1
+                self.ended[n] = matcher.is_terminated()
             else:
                 self.failed[n] = self.starts[n] + k
                 log.error("qwenspark: the grammar refused draft token %s during the mask fill", draft[k])
