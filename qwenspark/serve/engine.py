@@ -52,8 +52,10 @@ GRAPH_TOKENS_MAX = 2048  # graphs captured for steps of up to this many tokens: 
 # tokens a step), and one answer on a CPU is bound by its number of steps: on 2 cores with the default 0.5B and v10
 # the whole answer's P50 went from 4.8 to 2.4 s for one client and 5.6 to 3.3 s for four, the same labels on 600 dev
 # reviews (bench/results/serve_latency_cpu_stop48.json). Not for the batch: with 32 answers a step the CPU is
-# compute-bound and verifying the proposals cost 32 % of its reviews/s. Not yet on a GPU, where vLLM turns off its
-# asynchronous scheduling with n-gram proposals and the step is the engine core's CPU: unmeasured there.
+# compute-bound and verifying the proposals cost 32 % of its reviews/s. Not on a GPU: there vLLM turns off its
+# asynchronous scheduling and V2 model runner with them, and the step is the engine core's CPU; with the 0.5B's real
+# weights at 200 guided requests/s on an H100 the whole answer's P99 went from 0.91-1.06 to 2.5-2.7 s
+# (bench/results/serve_latency_h100_stop50.json).
 SERVE_CPU_DEFAULTS: dict[str, Any] = {
     "speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
                            "prompt_lookup_max": 4},
