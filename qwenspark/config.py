@@ -723,13 +723,15 @@ class ServeConfig(_Section):
                          "/metrics describe the worker that answers. 0: 3 with engine.kind vllm on a CUDA GPU and at "
                          "least 8 cores to run on (its CPU affinity; measured on an H200: "
                          "bench/results/serve_history.md, stop 33), else 1.")
-    engines: int = Field(1, ge=1, le=8, description="With engine.kind vllm: vLLM engines the service's workers share, "
+    engines: int = Field(0, ge=0, le=8, description="With engine.kind vllm: vLLM engines the service's workers share, "
                          "loaded one after another on the same GPU(s), each taking an equal part of the service's "
                          "engine.gpu_memory_utilization (unset: of vLLM's default 0.9); each request goes to the one "
                          "with the fewest in progress. More than 1 where a small model's engine core is bound by its "
                          "own step loop's CPU while the GPU idles: 2 took the 0.6B's whole-answer P99 at 200 guided "
                          "requests/s on an H200 from 1.14-1.21 s to 0.42-0.59 s, 3 did no better "
-                         "(bench/results/serve_history.md, stop 38).")
+                         "(bench/results/serve_history.md, stops 38 and 50). 0: 2 with engine.kind vllm on a CUDA "
+                         "GPU, at least 8 cores to run on and a dense model of at most 1B parameters (from its "
+                         "folder's config.json; qwenspark/serve/sizing.py), else 1.")
     optimistic: bool = Field(True, description="With an optimistic prompt version (v11, v13): write each answer "
                              "without the grammar first, as the batch does, and generate the few that misfit again "
                              "with it, pinned to the label already sent. Off: every answer guided from its first "

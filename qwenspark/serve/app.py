@@ -14,7 +14,6 @@ import hmac
 import json
 import logging
 import math
-import os
 import re
 import socket
 import time
@@ -44,6 +43,7 @@ from qwenspark.optimism import Optimism
 from qwenspark.schemas import CLEAN_SCHEMA, HOTEL_ID_MAX_CHARS
 from qwenspark.serve.engine import ServeEngine
 from qwenspark.serve.pauses import Pauses, freeze_heap
+from qwenspark.serve.sizing import engine_count, worker_count
 
 log = logging.getLogger("qwenspark.serve")
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -504,34 +504,14 @@ def serve(cfg: QwenSparkConfig, host: str | None = None, port: int | None = None
     on the one port (qwenspark.serve.workers)."""
     host, port = host or cfg.serve.host, port or cfg.serve.port
     check_bind(host, cfg.serve.api_key())
-    workers = worker_count(cfg)
-    if workers > 1 or cfg.serve.engines > 1:  # several engines are held by the workers' host, even for one worker
+    workers, engines = worker_count(cfg), engine_count(cfg)
+    if workers > 1 or engines > 1:  # several engines are held by the workers' host, even for one worker
         from qwenspark.serve.workers import supervise
 
-        supervise(cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"workers": workers})}), host, port)
+        sized = cfg.serve.model_copy(update={"workers": workers, "engines": engines})
+        supervise(cfg.model_copy(update={"serve": sized}), host, port)
         return
     serve_one(cfg, host, port)
-
-
-# Service processes for serve.workers 0 on a GPU. On an H200 one process was the bound once the engine ran full CUDA
-# graphs (0.99 of a core, the 0.6B saturated at 163 of 200 requests/s); with 3 the engine core was (193/s, each
-# worker 0.2-0.4 of a core): serve_history.md, stop 33. Fewer than 8 cores leave the engine core none to spare.
-GPU_WORKERS, GPU_WORKERS_MIN_CORES = 3, 8
-
-
-def worker_count(cfg: QwenSparkConfig) -> int:
-    """serve.workers, or for 0 the default for where the service runs (GPU_WORKERS with vLLM on a GPU, else 1)."""
-    if cfg.serve.workers:
-        return cfg.serve.workers
-    # The cores this process may run on (taskset, a container's cpuset), not the host's: the engine core needs them.
-    if cfg.engine.kind != "vllm" or len(os.sched_getaffinity(0)) < GPU_WORKERS_MIN_CORES:
-        return 1
-    from qwenspark.engines.vllm import on_gpu
-
-    workers = GPU_WORKERS if on_gpu() else 1
-    log.info("serve: %d service process%s (serve.workers 0: %s)", workers, "es" if workers > 1 else "",
-             "vLLM on a GPU" if workers > 1 else "no GPU")
-    return workers
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

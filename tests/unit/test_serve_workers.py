@@ -109,7 +109,7 @@ def test_two_workers_share_the_port_each_engine_answers_and_all_stop_together(tm
 def test_workers_default_to_three_for_vllm_on_a_gpu_and_one_elsewhere(monkeypatch: Any) -> None:
     from qwenspark.config import validate_config
     from qwenspark.engines import vllm
-    from qwenspark.serve.app import GPU_WORKERS, worker_count
+    from qwenspark.serve.sizing import GPU_WORKERS, worker_count
 
     gpu = {"seen": True}
     monkeypatch.setattr(vllm, "on_gpu", lambda: gpu["seen"])
@@ -129,6 +129,67 @@ def test_workers_default_to_three_for_vllm_on_a_gpu_and_one_elsewhere(monkeypatc
     gpu["seen"] = True
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert count("vllm") == 1  # the engine core needs the cores
+
+
+# Published config.json shapes (the keys model_parameters reads) and their models' published sizes.
+_QWEN3_06B = {"hidden_size": 1024, "num_hidden_layers": 28, "intermediate_size": 3072, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": True}
+_QWEN25_05B = {"hidden_size": 896, "num_hidden_layers": 24, "intermediate_size": 4864, "num_attention_heads": 14,
+               "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True}
+_QWEN25_7B = {"hidden_size": 3584, "num_hidden_layers": 28, "intermediate_size": 18944, "num_attention_heads": 28,
+              "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize(("shape", "billions"), [(_QWEN3_06B, 0.596), (_QWEN25_05B, 0.494), (_QWEN25_7B, 7.62)])
+def test_a_models_parameters_are_counted_from_its_config(shape: dict[str, Any], billions: float,
+                                                         tmp_path: Path) -> None:
+    from qwenspark.serve.sizing import model_parameters
+
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    got = model_parameters(tmp_path)
+    assert got is not None and abs(got / 1e9 - billions) < 0.01 * billions
+
+
+@pytest.mark.parametrize("written", [None, "{not json", json.dumps({"hidden_size": 1024}), json.dumps([1]),
+                                     json.dumps({**_QWEN3_06B, "num_experts": 128})])
+def test_a_model_of_unknown_size_counts_as_none(written: str | None, tmp_path: Path) -> None:
+    from qwenspark.serve.sizing import model_parameters
+
+    if written is not None:
+        (tmp_path / "config.json").write_text(written)
+    assert model_parameters(tmp_path) is None
+
+
+def test_engines_default_to_two_for_a_small_model_on_a_gpu_and_one_elsewhere(monkeypatch: Any,
+                                                                            tmp_path: Path) -> None:
+    from qwenspark.config import validate_config
+    from qwenspark.engines import vllm
+    from qwenspark.serve.sizing import SMALL_ENGINES, engine_count
+
+    small, large, unknown = tmp_path / "small", tmp_path / "large", tmp_path / "unknown"
+    for folder, shape in ((small, _QWEN3_06B), (large, _QWEN25_7B)):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(shape))
+    gpu = {"seen": True}
+    monkeypatch.setattr(vllm, "on_gpu", lambda: gpu["seen"])
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+
+    def count(model: Path, engines: int | None = None, kind: str = "vllm") -> int:
+        serve = {} if engines is None else {"engines": engines}
+        engine = {"kind": kind, "model": str(model)}
+        if kind == "openai":
+            engine["base_url"] = "http://127.0.0.1:8000/v1"
+        return engine_count(validate_config({"engine": engine, "serve": serve}))
+
+    assert SMALL_ENGINES == 2 and count(small) == 2
+    assert count(large) == 1 and count(unknown) == 1
+    assert count(small, 1) == 1 and count(large, 3) == 3  # what the user sets wins
+    assert count(small, kind="openai") == 1
+    gpu["seen"] = False
+    assert count(small) == 1
+    gpu["seen"] = True
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert count(small) == 1  # each engine core needs a core of its own
 
 
 class _Loaded:
