@@ -69,7 +69,7 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], due: float) -> di
     """One streamed request; latencies from `due` (the intended send time, on the monotonic clock all client
     processes share)."""
     label = full = None
-    status, tokens_out = 0, None
+    status, tokens_out, error = 0, None, None
     try:
         async with client.stream("POST", "/v1/analyze?stream=true", json=body) as response:
             status = response.status_code
@@ -83,12 +83,13 @@ async def one(client: httpx.AsyncClient, body: dict[str, Any], due: float) -> di
                 if "result" in event:
                     full = now - due
                     tokens_out = event["result"].get("tokens_out")
+                    error = event["result"].get("error")
                     label = full if label is None else label
                 if "error" in event:
                     status = 599
     except httpx.HTTPError:
         status = 598
-    return {"status": status, "due": due, "label_s": label, "full_s": full, "tokens_out": tokens_out}
+    return {"status": status, "due": due, "label_s": label, "full_s": full, "tokens_out": tokens_out, "error": error}
 
 
 async def closed_loop(client: httpx.AsyncClient, bodies: list[dict[str, Any]], clients: int,
@@ -228,6 +229,12 @@ def summary(name: str, results: list[dict[str, Any]], seconds: float) -> dict[st
 
     figures: dict[str, Any] = {"load": name, "requests": len(results), "ok": len(ok), "statuses": statuses,
                                "seconds": round(seconds, 1), "answers_per_s": round(len(ok) / seconds, 2)}
+    # Answers whose row carries an error (unparseable, cut): a grammar's masks gone wrong show here, not in statuses.
+    errors: dict[str, int] = {}
+    for r in ok:
+        if r.get("error"):
+            errors[str(r["error"])[:60]] = errors.get(str(r["error"])[:60], 0) + 1
+    figures["answer_errors"] = errors
     tokens = [r["tokens_out"] for r in ok if r["tokens_out"] is not None]
     figures["mean_tokens_out"] = round(statistics.fmean(tokens), 1) if tokens else None
     for key in ("label_s", "full_s"):
