@@ -342,7 +342,7 @@ class PreparedBatch:
         else:
             self.sentiment[i] = self._stored_label(i, parsed.record.sentiment, done.label_logprobs)
             self.generated[i] = parsed.record.sentiment
-            self.summary[i] = ended_summary(parsed.record.summary, self.summary_rules[0])
+            self.summary[i] = ended_summary(parsed.record.summary, self.summary_rules[0], self.langs[i])
             self.aspects[i] = aspects_json(parsed.record, self.texts[i] if self.aspect_evidence else None)
         return None
 

@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveInt,
     PrivateAttr,
     SecretStr,
     ValidationError,
@@ -306,9 +307,10 @@ class EngineConfig(_Section):
         description="Field order of the guided JSON answer. The job sets it from prompt.version's template (the "
         "template's few-shot answers use that order); leave it unset.",
     )
-    summary_max_chars: int | None = Field(
-        None, ge=1, description="The guided grammar's bound on the summary's length. The job sets it from "
-        "prompt.version's template (None: the schema's bound); leave it unset.",
+    summary_max_chars: PositiveInt | dict[str, PositiveInt] | None = Field(
+        None, description="The guided grammar's bound on the summary's length in characters: one for every language, "
+        "or by language (its \"en\" entry for any other). The job sets it from prompt.version's template (None: the "
+        "schema's bound); leave it unset.",
     )
     summary_script: bool = Field(
         False, description="The guided grammar writes each summary in its review's language's script (zh, en). The "

@@ -40,8 +40,10 @@ class EvalReport:
     cut_or_looping: list[dict[str, object]]  # those rows: source_id, lang, tokens_out, summary (cut: None)
     repaired_rate: float  # answers generated a second time (cut or looping the first time: engine.repair_penalty)
     mean_tokens_out: float
-    # Output tokens per review at the 0th, 5th, ..., 100th percentile: the length distribution a GPU benchmark
-    # forces on dummy weights (bench/workload_100k.py), so its decode work looks like real answers.
+    # Output tokens per review at the 0th, 1st, ..., 100th percentile: the length distribution a GPU benchmark
+    # forces on dummy weights (bench/workload_100k.py, bench/device/serve_planned.py), so its decode work looks like
+    # real answers. A point a percent since stop 50 (before: 21, a 5th apart, so the longest 5 % were drawn between
+    # the 95th percentile and the one longest answer, which set a service's P99 answer length by itself).
     tokens_out_percentiles: list[int]
     slowest: list[dict[str, object]]  # the 5 slowest rows: source_id, lang, latency_ms, tokens_out
     schema_valid_rate: float
@@ -161,7 +163,7 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
             {"source_id": str(labelled["source_id"].iat[i]), "lang": langs[i], "tokens_out": tokens_out[i],
              "summary": summaries[i]} for i in range(n) if cut[i]],
         mean_tokens_out=float(out["tokens_out"].mean()),
-        tokens_out_percentiles=[round(float(out["tokens_out"].quantile(q / 20))) for q in range(21)],
+        tokens_out_percentiles=[round(float(out["tokens_out"].quantile(q / 100))) for q in range(101)],
         slowest=slowest,
         schema_valid_rate=sum(a is not None for a in answers) / n,
         error_rate=sum(e is not None for e in errors) / n,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -21,6 +22,16 @@ _ERR_MAX = 500
 _LOOP = re.compile(r"(.{1,3}?)\1{7,}|(.{4,20}?)\2{4,}", re.DOTALL)
 # The error of an answer cut by max_tokens (the eval counts these as cut).
 CUT_ERROR = "parse: output hit max_tokens before the JSON ended"
+# A prompt version's bound on the summary in characters (engine.summary_max_chars): one for every language, or one by
+# language (its "en" entry for a language it does not name); None: the schema's SUMMARY_MAX_CHARS.
+SummaryBound = int | Mapping[str, int] | None
+
+
+def summary_chars(bound: SummaryBound, lang: str | None) -> int | None:
+    """bound's characters for a summary of a review in lang."""
+    if bound is None or isinstance(bound, int):
+        return bound
+    return bound.get(lang or "en", bound["en"])
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,7 @@ ASPECT_MAP_SCHEMA: dict[str, Any] = {
 }
 
 
-def json_schema(order: AnswerOrder = "verdict_first", summary_max_chars: int | None = None,
+def json_schema(order: AnswerOrder = "verdict_first", summary_max_chars: SummaryBound = None,
                 summary_lang: str | None = None, aspect_map: bool = False,
                 labels: tuple[str, ...] = SENTIMENTS) -> dict[str, Any]:
     """The JSON schema handed to guided decoding, its properties in `order` (strings carry maxLength so decoding
@@ -87,8 +98,9 @@ def json_schema(order: AnswerOrder = "verdict_first", summary_max_chars: int | N
         schema["properties"]["aspects"] = ASPECT_MAP_SCHEMA
         schema.pop("$defs", None)
     summary = schema["properties"]["summary"]
-    if summary_max_chars is not None:
-        summary["maxLength"] = min(summary["maxLength"], summary_max_chars)
+    bound = summary_chars(summary_max_chars, summary_lang)
+    if bound is not None:
+        summary["maxLength"] = min(summary["maxLength"], bound)
     if summary_lang in SUMMARY_SCRIPTS:
         first, rest = SUMMARY_SCRIPTS[summary_lang]
         # xgrammar ignores maxLength beside a pattern: the pattern bounds the length itself.
@@ -105,12 +117,13 @@ def _alternatives(words: tuple[str, ...]) -> str:
     return "(" + " | ".join(json.dumps(w) for w in words) + ")"
 
 
-def _summary_bound(summary_max_chars: int | None) -> int:
-    """The summary's bound in characters: a version's summary_max_chars, never above the schema's SUMMARY_MAX_CHARS."""
-    return min(SUMMARY_MAX_CHARS, summary_max_chars or SUMMARY_MAX_CHARS)
+def _summary_bound(summary_max_chars: SummaryBound, lang: str | None) -> int:
+    """The summary's bound in characters for a review in lang: a version's summary_max_chars, never above the
+    schema's SUMMARY_MAX_CHARS."""
+    return min(SUMMARY_MAX_CHARS, summary_chars(summary_max_chars, lang) or SUMMARY_MAX_CHARS)
 
 
-def lines_grammar(summary_max_chars: int | None = None, summary_lang: str | None = None,
+def lines_grammar(summary_max_chars: SummaryBound = None, summary_lang: str | None = None,
                   labels: tuple[str, ...] = SENTIMENTS) -> str:
     """The grammar (xgrammar EBNF) handed to guided decoding for answers in lines: a label (one of labels), a quoted
     summary of at most summary_max_chars (in its language's script with summary_lang, SUMMARY_SCRIPTS), then up to one
@@ -121,7 +134,7 @@ def lines_grammar(summary_max_chars: int | None = None, summary_lang: str | None
     checked against what follows); as a Regex node ended by a quote, as inside JSON, 21-25 us, about v10's JSON schema
     (bench/device/check_lines_grammar.py)."""
     first, rest = SUMMARY_SCRIPTS.get(summary_lang or "", (f"[^ {_NOT_JSON}]", f"[^{_NOT_JSON}]"))
-    bound = _summary_bound(summary_max_chars)
+    bound = _summary_bound(summary_max_chars, summary_lang)
     item = f'{_alternatives(ASPECTS)} ":" {_alternatives(ASPECT_SENTIMENTS)}'
     return "\n".join([
         f'root ::= {_alternatives(labels)} "\\n\\"" summary "\\"\\n" aspects',
@@ -222,7 +235,7 @@ _ASPECT_PREFIX = re.compile(r"[a-z][a-z_/-]{0,31}(:[a-z]{0,16})?")
 LEADING_BLANKS = 8
 
 
-def lines_viable(text: str, lang: str | None, summary_max_chars: int | None = None,
+def lines_viable(text: str, lang: str | None, summary_max_chars: SummaryBound = None,
                  summary_script: bool = False) -> bool:
     """Whether an answer in lines written without the grammar (engine.optimistic) can still end as one that fits:
     one parse_completion reads and grammar_misfit passes. False only when no continuation of text can, so the
@@ -246,7 +259,7 @@ def lines_viable(text: str, lang: str | None, summary_max_chars: int | None = No
     return not any(line.strip() for line in lines[3:])
 
 
-def _summary_viable(raw: str, whole: bool, lang: str | None, summary_max_chars: int | None,
+def _summary_viable(raw: str, whole: bool, lang: str | None, summary_max_chars: SummaryBound,
                     summary_script: bool) -> bool:
     """lines_viable's summary line (raw: stripped; whole: its line has ended)."""
     if whole:
@@ -257,7 +270,7 @@ def _summary_viable(raw: str, whole: bool, lang: str | None, summary_max_chars: 
     # closing one; every other character stays in the summary.
     body = raw[1:] if raw.startswith('"') else raw
     inner = body[:-1] if body.endswith('"') else body
-    if len(inner) > _summary_bound(summary_max_chars):
+    if len(inner) > _summary_bound(summary_max_chars, lang):
         return False
     if not (summary_script and lang in SUMMARY_SCRIPTS) or not body:
         return True
@@ -294,17 +307,19 @@ def looping(text: str | None) -> bool:
 
 
 def grammar_misfit(
-    record: ReviewAnalysis, lang: str, summary_max_chars: int | None, summary_script: bool
+    record: ReviewAnalysis, lang: str, summary_max_chars: SummaryBound, summary_script: bool
 ) -> str | None:
     """What an answer written without the grammar (engine.optimistic) breaks of the grammar's rules that the record's
     own validation leaves out: the summary's bound and its script (SUMMARY_SCRIPTS); None when it fits."""
     return _summary_misfit(record.summary, lang, summary_max_chars, summary_script)
 
 
-def _summary_misfit(summary: str, lang: str | None, summary_max_chars: int | None, summary_script: bool) -> str | None:
+def _summary_misfit(summary: str, lang: str | None, summary_max_chars: SummaryBound,
+                    summary_script: bool) -> str | None:
     """grammar_misfit's rules, on a summary."""
-    if summary_max_chars is not None and len(summary) > summary_max_chars:
-        return f"summary over {summary_max_chars} characters"
+    bound = summary_chars(summary_max_chars, lang)
+    if bound is not None and len(summary) > bound:
+        return f"summary over {bound} characters"
     if summary_script and lang in SUMMARY_SCRIPTS:
         first, rest = SUMMARY_SCRIPTS[lang]
         if re.fullmatch(f"{first}{rest}*", summary) is None:
@@ -337,12 +352,12 @@ _CLAUSE_ENDS = ",;:，；：、"
 _SENTENCE_ENDS = ".!?。！？…"
 
 
-def ended_summary(summary: str, summary_max_chars: int | None = None) -> str:
+def ended_summary(summary: str, summary_max_chars: SummaryBound = None, lang: str | None = None) -> str:
     """A summary the grammar stopped at its bound (exactly as long as the bound, not ending a sentence), ended at its
     last clause or word in its second half with "…" (the dashboard showed "... right by the," before); others as
     written (a longer one was not stopped: an unguided answer a version without optimism keeps as it came).
     """
-    bound = _summary_bound(summary_max_chars)
+    bound = _summary_bound(summary_max_chars, lang)
     if len(summary) != bound or summary[-1] in _SENTENCE_ENDS:
         return summary
     half = bound // 2

@@ -4,9 +4,12 @@ engines end such an attempt there (engine.cut_dead_ends) and generate it again u
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwenspark.config import EngineConfig
+
+if TYPE_CHECKING:
+    from qwenspark.parse import SummaryBound
 
 # The finish reason of an attempt ended at its first dead end: no continuation of its text could fit the grammar, so
 # the rest of it is not generated. Its caller generates the answer again under the grammar (analyze.PreparedBatch).
@@ -18,7 +21,7 @@ class DeadEnds:
     token ids grow: each step's new tokens decoded once as the parser will read them (answer_text), held back while
     they end inside a character."""
 
-    def __init__(self, tokenizer: Any, lang: str | None, summary_max_chars: int | None, summary_script: bool) -> None:
+    def __init__(self, tokenizer: Any, lang: str | None, summary_max_chars: SummaryBound, summary_script: bool) -> None:
         # Imported here, once an attempt, not in viable(), which runs every step (parse imports pyspark's names).
         from qwenspark.engines.vllm import answer_text
         from qwenspark.parse import lines_viable

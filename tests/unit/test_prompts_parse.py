@@ -294,6 +294,38 @@ def test_v13_grammar_bounds_every_line(text: str, ok: bool) -> None:
     assert _accepts(lines_grammar(100, "en"), text) is ok
 
 
+def test_v14_is_v13_with_a_chinese_summary_bounded_to_40_characters() -> None:
+    from qwenspark.parse import grammar_misfit, lines_viable, summary_chars
+    from qwenspark.schemas import ReviewAnalysis
+
+    v13, v14 = get_template("v13"), get_template("v14")
+    bound = v14.summary_max_chars
+    assert bound == {"en": 100, "zh": 40} and v13.summary_max_chars == 100
+    assert v14.system == v13.system.replace("(at most 100 characters)",
+                                            "(at most 100 characters; in Chinese at most 40)")
+    assert v14.system != v13.system and (v14.examples, v14.user_prefix) == (v13.examples, v13.user_prefix)
+    assert (summary_chars(bound, "zh"), summary_chars(bound, "en"), summary_chars(bound, "fr"),
+            summary_chars(bound, None), summary_chars(100, "zh"), summary_chars(None, "zh")) == (40, 100, 100, 100, 100,
+                                                                                                None)
+    for review, answer in v14.examples:  # the few-shot answers fit their language's bound
+        assert _accepts(lines_grammar(bound, detect_lang(review, None)), answer), answer
+    zh = 'negative\n"' + "房" * 40 + '"\nroom:negative'
+    assert _accepts(lines_grammar(bound, "zh"), zh)
+    assert not _accepts(lines_grammar(bound, "zh"), zh.replace("房", "房房", 1))  # 41 characters
+    assert _accepts(lines_grammar(bound, "en"), 'negative\n"' + "a" * 100 + '"\nroom:negative')
+    assert _accepts(lines_grammar(bound, None), 'negative\n"' + "a" * 100 + '"\nroom:negative')
+    # An answer written without the grammar is held to the same bounds: cut where it passes them, retried if over.
+    assert lines_viable('negative\n"' + "房" * 40, "zh", bound, True)
+    assert not lines_viable('negative\n"' + "房" * 41, "zh", bound, True)
+    assert lines_viable('negative\n"' + "a" * 41, "en", bound, True)
+    record = ReviewAnalysis(sentiment="negative", summary="房" * 41, aspects=[])
+    assert grammar_misfit(record, "zh", bound, True) == "summary over 40 characters"
+    assert grammar_misfit(record.model_copy(update={"summary": "房" * 40}), "zh", bound, True) is None
+    # A summary the grammar stopped at its language's bound is ended there, not at the other language's.
+    stopped = "房" * 25 + "，" + "服" * 14
+    assert ended_summary(stopped, bound, "zh") == "房" * 25 + "…" and ended_summary(stopped, bound, "en") == stopped
+
+
 def test_aspects_outside_the_vocabulary_are_left_out_of_an_answer_in_lines() -> None:
     # An unguided answer may name aspects the grammar does not have, or one without its sentiment: left out, the
     # rest of the answer kept (else the whole answer is generated again with the grammar).

@@ -134,7 +134,11 @@ def test_the_report_of_hand_made_rows() -> None:
     assert r["mean_tokens_out"] == pytest.approx(320 / 12)
     # Sorted tokens_out: 10 x 8, 20, 30, 62, 128; percentile q sits at q x 11 in that list, linearly interpolated
     # (65th: 7.15 -> 11.5 -> 12; 95th: 10.45 -> 62 + 0.45 x 66 = 91.7 -> 92).
-    assert r["tokens_out_percentiles"] == [10] * 13 + [12, 17, 22, 28, 41, 59, 92, 128]
+    table = r["tokens_out_percentiles"]
+    assert isinstance(table, list) and len(table) == 101  # a point a percent
+    assert table[::5] == [10] * 13 + [12, 17, 22, 28, 41, 59, 92, 128]
+    # 99th: 10.89 -> 62 + 0.89 x 66 = 120.7 -> 121
+    assert table[90:] == [59, 63, 70, 77, 84, 92, 99, 106, 113, 121, 128]
     assert [x["source_id"] for x in r["slowest"]][:2] == ["r3", "r11"]  # type: ignore[index]
 
 
