@@ -233,7 +233,8 @@ def summary(name: str, results: list[dict[str, Any]], seconds: float) -> dict[st
     errors: dict[str, int] = {}
     for r in ok:
         if r.get("error"):
-            errors[str(r["error"])[:60]] = errors.get(str(r["error"])[:60], 0) + 1
+            key = str(r["error"])[:60]
+            errors[key] = errors.get(key, 0) + 1
     figures["answer_errors"] = errors
     tokens = [r["tokens_out"] for r in ok if r["tokens_out"] is not None]
     figures["mean_tokens_out"] = round(statistics.fmean(tokens), 1) if tokens else None

@@ -55,6 +55,7 @@ from qwenspark.config import EngineConfig  # noqa: E402
 from qwenspark.engines import cache  # noqa: E402
 from qwenspark.prompts import detect_lang, get_template  # noqa: E402
 from qwenspark.resources import pin_task_gpus  # noqa: E402
+from qwenspark.serve.sizing import layer_parameters  # noqa: E402
 
 HBM_BYTES_PER_S = 4.3e12  # measured copy bandwidth, bytes read + written (KINDS.md, nvidia-h200)
 BF16_FLOPS = 790e12  # measured dense bf16 matrix rate on random data (KINDS.md)
@@ -105,8 +106,7 @@ def shape_costs(shape: dict[str, Any], quantized: bool) -> dict[str, float]:
     h, layers, vocab = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]
     heads, kv = shape["num_attention_heads"], shape["num_key_value_heads"]
     hd = shape.get("head_dim", h // heads)
-    per_layer = h * heads * hd + 2 * h * kv * hd + heads * hd * h + 3 * h * shape["intermediate_size"]
-    linear = layers * per_layer
+    linear = layer_parameters(shape)
     head = vocab * h  # the LM head runs on every token (tied or not); the embedding lookup reads one row
     weight_bytes = linear * (1 if quantized else 2) + head * 2  # fp8 quantizes the layers, not the LM head
     # fp8 matrix products run at twice the bf16 rate on Hopper (datasheet; not measured here): the layers' share.

@@ -372,13 +372,10 @@ TEMPLATES: dict[str, PromptTemplate] = {
         label_head=V10_LABEL_HEAD, head_logprobs=False, repair_penalty=V10_REPAIR_PENALTY, optimistic=True,
         answer_format="lines",
     ),
-    "v14": PromptTemplate(
-        version="v14", system=_V14_SYSTEM, examples=tuple((r, _lines(a)) for r, a in _V4_EXAMPLES),
-        user_prefix=_V1_PREFIX, summary_max_chars={"en": V4_SUMMARY_MAX_CHARS, "zh": V14_ZH_SUMMARY_MAX_CHARS},
-        summary_script=True, label_head=V10_LABEL_HEAD, head_logprobs=False, repair_penalty=V10_REPAIR_PENALTY,
-        optimistic=True, answer_format="lines",
-    ),
 }
+TEMPLATES["v14"] = dataclasses.replace(
+    TEMPLATES["v13"], version="v14", system=_V14_SYSTEM,
+    summary_max_chars={"en": V4_SUMMARY_MAX_CHARS, "zh": V14_ZH_SUMMARY_MAX_CHARS})
 # VERSION-guided: an optimistic version (v11, v13) decoded with the grammar from the first token, for measurements
 # (its answers' lengths, what the optimism saves); stored results name it as it is.
 GUIDED_SUFFIX = "-guided"

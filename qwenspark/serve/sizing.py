@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from qwenspark.config import QwenSparkConfig
 
@@ -29,8 +31,7 @@ def worker_count(cfg: QwenSparkConfig) -> int:
     """serve.workers, or for 0 the default for where the service runs (GPU_WORKERS with vLLM on a GPU, else 1)."""
     if cfg.serve.workers:
         return cfg.serve.workers
-    # The cores this process may run on (taskset, a container's cpuset), not the host's: the engine core needs them.
-    if cfg.engine.kind != "vllm" or len(os.sched_getaffinity(0)) < GPU_WORKERS_MIN_CORES:
+    if not _vllm_with_cores(cfg):
         return 1
     from qwenspark.engines.vllm import on_gpu
 
@@ -45,7 +46,7 @@ def engine_count(cfg: QwenSparkConfig) -> int:
     SMALL_MODEL_PARAMS parameters (from its folder's config.json); else 1."""
     if cfg.serve.engines:
         return cfg.serve.engines
-    if cfg.engine.kind != "vllm" or len(os.sched_getaffinity(0)) < GPU_WORKERS_MIN_CORES:
+    if not _vllm_with_cores(cfg):
         return 1
     params = model_parameters(Path(cfg.engine.model))
     if params is None or params > SMALL_MODEL_PARAMS:
@@ -59,6 +60,21 @@ def engine_count(cfg: QwenSparkConfig) -> int:
     return SMALL_ENGINES
 
 
+def _vllm_with_cores(cfg: QwenSparkConfig) -> bool:
+    """Whether the service runs vLLM with GPU_WORKERS_MIN_CORES or more cores: the engine core needs cores to spare.
+    The cores this process may run on (taskset, a container's cpuset), not the host's."""
+    return cfg.engine.kind == "vllm" and len(os.sched_getaffinity(0)) >= GPU_WORKERS_MIN_CORES
+
+
+def layer_parameters(shape: Mapping[str, Any]) -> int:
+    """The parameters of a dense decoder's layers (attention's q, k, v and o, the MLP's three projections), from its
+    config.json's keys; bench/workload_100k.py's costs take them too."""
+    h, heads = int(shape["hidden_size"]), int(shape["num_attention_heads"])
+    kv, hd = int(shape.get("num_key_value_heads") or heads), int(shape.get("head_dim") or h // heads)
+    per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * int(shape["intermediate_size"])
+    return int(shape["num_hidden_layers"]) * per_layer
+
+
 def model_parameters(folder: Path) -> float | None:
     """About how many parameters a dense decoder's config.json in folder describes (its layers' projections and the
     embedding); None where there is no such file, or it describes something else (experts, unknown keys)."""
@@ -67,12 +83,9 @@ def model_parameters(folder: Path) -> float | None:
         shape = shape.get("text_config", shape)  # a multimodal model's language part
         if any(key in shape for key in ("num_experts", "num_local_experts", "n_routed_experts")):
             return None  # a mixture of experts: its size and its step are not a dense model's
-        h, layers, inner = int(shape["hidden_size"]), int(shape["num_hidden_layers"]), int(shape["intermediate_size"])
-        heads = int(shape["num_attention_heads"])
-        kv, hd = int(shape.get("num_key_value_heads") or heads), int(shape.get("head_dim") or h // heads)
-        vocab = int(shape["vocab_size"])
+        layers = layer_parameters(shape)
+        copies = 1 if shape.get("tie_word_embeddings") else 2  # the embedding, and the LM head where not tied
+        embeddings = int(shape["vocab_size"]) * int(shape["hidden_size"]) * copies
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
         return None
-    per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * inner  # q and o, k and v, the MLP's three
-    embeddings = vocab * h * (1 if shape.get("tie_word_embeddings") else 2)
-    return float(layers * per_layer + embeddings)
+    return float(layers + embeddings)
