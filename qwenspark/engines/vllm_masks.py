@@ -32,18 +32,8 @@ log = logging.getLogger("vllm.plugins.qwenspark_masks")
 # The engine's environment: threads for the batch matcher ("auto": half the host's hardware threads, xgrammar's own).
 ENV = "QWENSPARK_BATCH_GRAMMAR_MASKS"
 
-# The engine's environment: "1" fills each step's masks in pinned (page-locked) memory of their own, a ring of
-# PINNED_RING buffers, where CUDA is there; else in vLLM's bitmask. An experiment, off unless asked
-# (engine.env.QWENSPARK_PINNED_MASKS; measured on a GPU next: bench/device/README.md, stop 50's queue). Why: vLLM
-# 0.26's V2 model runner copies the step's masks to the GPU from pinned memory, first copying them there when they
-# are not (buffer_utils.async_copy_to_gpu's x.pin_memory(): 6 % of the engine core's main thread at 200 guided
-# requests/s on an H100, bench/results/profiles/pyspy_h100_06b_200rps_stop47.txt); masks already pinned skip that.
-# A ring, not one buffer: that copy is asynchronous and waits behind the GPU's work while the engine core fills the
-# next step's masks; vLLM keeps at most 2 steps in flight, so a buffer is written again only 4 steps on, after the
-# step that used it has returned its tokens.
-PINNED = "QWENSPARK_PINNED_MASKS"
-PINNED_RING = 4
-
+# The masks go into vLLM's own bitmask. Filling a ring of pinned buffers instead, to spare vLLM's V2 runner its copy
+# into pinned memory, was measured on an H100 (stop 51, bench/results/serve_history.md): no faster, so not kept.
 _MATCHERS: dict[str, Any] = {}  # one BatchGrammarMatcher (its thread pool) per thread setting and process
 FILLED = {"steps": 0, "drafted": 0}  # steps whose masks the batch matcher filled, in this process, and those of them
 # with draft tokens (tests read it)
@@ -94,46 +84,23 @@ def batch_fill(manager: Any, requests: dict[str, Any], request_ids: list[str], t
         return None  # not xgrammar's
     # vLLM passes {} without speculative decoding
     step_drafts: list[Sequence[int]] = [drafts.get(r, ()) for r in request_ids] if drafts else [()] * len(grammars)
-    bitmask = _step_bitmask(manager)
-    rows = _fill_with_drafts(bitmask, manager._full_mask, grammars, step_drafts, threads)
+    rows = _fill_with_drafts(manager, grammars, step_drafts, threads)
     FILLED["steps"] += 1
     FILLED["drafted"] += any(step_drafts)
     if FILLED["steps"] == 1:
-        log.info("qwenspark: grammar masks filled by xgrammar's batch matcher (%s threads%s) from this step on",
-                 threads, ", in pinned memory" if bitmask is not manager._grammar_bitmask else "")
-    return bitmask[:rows].numpy()
+        log.info("qwenspark: grammar masks filled by xgrammar's batch matcher (%s threads) from this step on", threads)
+    return manager._grammar_bitmask[:rows].numpy()
 
 
-def _step_bitmask(manager: Any) -> Any:
-    """Where this step's masks go: vLLM's bitmask, or with PINNED the next buffer of the manager's pinned ring."""
-    ring = getattr(manager, "_qwenspark_ring", None)
-    if ring is None:
-        ring = pinned_ring(manager._grammar_bitmask) if os.environ.get(PINNED, "").strip() == "1" else []
-        manager._qwenspark_ring, manager._qwenspark_turn = ring, 0
-    if not ring:
-        return manager._grammar_bitmask
-    manager._qwenspark_turn = (manager._qwenspark_turn + 1) % len(ring)
-    return ring[manager._qwenspark_turn]
-
-
-def pinned_ring(like: Any) -> list[Any]:
-    """PINNED_RING pinned buffers shaped as vLLM's bitmask; none where there is no CUDA to pin memory for."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return []
-    return [torch.empty_like(like).pin_memory() for _ in range(PINNED_RING)]
-
-
-def _fill_with_drafts(bitmask: Any, full: Any, grammars: list[Any], drafts: list[Sequence[int]], threads: str) -> int:
-    """Fill each answer's rows of bitmask (one per draft token, then the bonus token's) as vLLM's serial walk does, a
-    draft position at a time for the whole step; the matchers end where they began. Returns the rows written."""
+def _fill_with_drafts(manager: Any, grammars: list[Any], drafts: list[Sequence[int]], threads: str) -> int:
+    """Fill each answer's rows (one per draft token, then the bonus token's) as vLLM's serial walk does, a draft
+    position at a time for the whole step; the matchers end where they began. Returns the rows written."""
     walk = _Walk(grammars, drafts)
     depth = max(len(draft) for draft in drafts)  # 0 without speculative decoding: one row an answer, nothing to take
     for k in range(depth + 1):
-        batch, rows = walk.fill_plain_rows(k, bitmask, full)
+        batch, rows = walk.fill_plain_rows(k, manager._grammar_bitmask, manager._full_mask)
         if batch:
-            _matcher(threads).batch_fill_next_token_bitmask(batch, bitmask, rows)
+            _matcher(threads).batch_fill_next_token_bitmask(batch, manager._grammar_bitmask, rows)
         if k < depth:
             walk.take(k)
     if depth:

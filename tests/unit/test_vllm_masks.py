@@ -88,36 +88,6 @@ def test_the_batch_matchers_masks_are_vllms_own(step: dict[str, Any]) -> None:
     assert sum(not (got[row] == -1).all() for row in range(len(ids))) == 21  # the others are real masks
 
 
-def test_pinned_masks_rotate_through_a_ring_and_stay_vllms_own(step: dict[str, Any],
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """With QWENSPARK_PINNED_MASKS=1 each step's masks are written to the next buffer of a ring (pinned where CUDA is:
-    clones here, where there is none), never twice in a row to one buffer nor to vLLM's bitmask, and stay vLLM's own."""
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    made: list[Any] = []
-    monkeypatch.setattr(vllm_masks, "pinned_ring", lambda like: made.extend(
-        like.clone() for _ in range(vllm_masks.PINNED_RING)) or list(made))
-    monkeypatch.setenv(vllm_masks.PINNED, "1")
-    ids = list(step["requests"])
-    ours, theirs = _manager(step["vocab"]), _manager(step["vocab"])
-    StructuredOutputManager._fill_bitmasks(theirs, [
-        (step["requests"][rid].structured_output_request.grammar, row, True) for row, rid in enumerate(ids)])
-    expected = theirs._grammar_bitmask[: len(ids)].numpy()
-    buffers = []
-    for _ in range(2 * vllm_masks.PINNED_RING):
-        got = vllm_masks.batch_fill(ours, step["requests"], ids, "2")
-        assert (got == expected).all()
-        buffers.append(got.__array_interface__["data"][0])
-    assert len(made) == vllm_masks.PINNED_RING == 4  # one ring, made at the first step
-    ring = [buffer.data_ptr() for buffer in made]
-    assert buffers == [ring[(n + 1) % 4] for n in range(8)]  # each step the next buffer, round and round
-    assert not ours._grammar_bitmask.any()  # vLLM's own bitmask left as it was (zeros)
-    monkeypatch.delenv(vllm_masks.PINNED)
-    plain = _manager(step["vocab"])  # without the setting: vLLM's bitmask, as before
-    got = vllm_masks.batch_fill(plain, step["requests"], ids, "2")
-    assert got.__array_interface__["data"][0] == plain._grammar_bitmask.data_ptr() and (got == expected).all()
-
-
 def _refused(grammar: Any, vocab: int) -> int:
     """A token id the grammar refuses where it stands (its state unchanged)."""
     for token in range(vocab):
