@@ -136,16 +136,16 @@ def _stop(signum: int, frame: Any) -> None:
 
 
 def supervise(cfg: QwenSparkConfig, host: str, port: int) -> None:
-    """Start serve.workers service processes (with engine.kind vllm, after the one engine they share; other engines
-    in each process, each process once the one before it is serving: vLLM sizes an engine's memory from what it finds
-    free on the GPU, so two loading at once would both count the same memory); serve until interrupted; if a worker
-    or the shared engine's host ends, stop the rest and fail (an outage ends red)."""
+    """Start serve.workers service processes (with engine.kind vllm, after the serve.engines engines they share: both
+    counts as app.serve resolved them, never 0 here; other engines in each process, each process once the one before
+    it is serving: vLLM sizes an engine's memory from what it finds free on the GPU, so two loading at once would both
+    count the same memory); serve until interrupted; if a worker or the shared engine's host ends, stop the rest and
+    fail (an outage ends red)."""
     from qwenspark.serve.app import serve_engine_config
-    from qwenspark.serve.sizing import engine_count
 
     context = multiprocessing.get_context("spawn")  # a forked CUDA context is unusable
     workers: list[Any] = []
-    shared = EngineHost(serve_engine_config(cfg), engine_count(cfg)) if cfg.engine.kind == "vllm" else None
+    shared = EngineHost(serve_engine_config(cfg), cfg.serve.engines) if cfg.engine.kind == "vllm" else None
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         engine_path = shared.start() if shared is not None else None
