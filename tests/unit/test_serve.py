@@ -159,12 +159,8 @@ class Misfit(CharTokens):
         pass
 
 
-@pytest.mark.parametrize(("optimistic", "cut"), [(True, False), (True, True), (False, False)])
-def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimistic: bool, cut: bool) -> None:
-    cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
-                           "prompt": {"version": "v13"}, "serve": {"optimistic": optimistic}})
-    engine = Misfit(first="negative", retried="positive", cut=cut)
-    service = Service(cfg, engine)
+def _streamed_once(service: Service) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """One review asked with ?stream=true: its label line, its result line, then the service's metrics."""
 
     async def go() -> list[dict[str, Any]]:
         async with _client(service) as client, client.stream(
@@ -172,7 +168,17 @@ def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimist
             return [json.loads(line) async for line in got.aiter_lines() if line]
 
     label, result = _run(go())
-    metrics = _run(_client(service).get("/metrics")).text
+    return label, result, _run(_client(service).get("/metrics")).text
+
+
+@pytest.mark.parametrize(("optimistic", "cut"), [(True, False), (True, True), (False, False)])
+def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimistic: bool, cut: bool) -> None:
+    cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
+                           "prompt": {"version": "v13"}, "serve": {"optimistic": optimistic}})
+    engine = Misfit(first="negative", retried="positive", cut=cut)
+    service = Service(cfg, engine)
+
+    label, result, metrics = _streamed_once(service)
     assert serve_engine_config(cfg).optimistic is optimistic
     if not optimistic:  # every answer was guided: one that misfits is stored as it is, never generated again
         assert engine.attempts == [(None, None)] and "qwenspark_serve_retries_total{" not in metrics
@@ -215,13 +221,7 @@ def test_an_answer_the_engine_ended_in_an_error_is_generated_again(after_label: 
     engine = Faulty(after_label)
     service = Service(cfg, engine)
 
-    async def go() -> list[dict[str, Any]]:
-        async with _client(service) as client, client.stream(
-                "POST", "/v1/analyze?stream=true", json={"text": "The room was filthy and the staff rude."}) as got:
-            return [json.loads(line) async for line in got.aiter_lines() if line]
-
-    label, result = _run(go())
-    metrics = _run(_client(service).get("/metrics")).text
+    label, result, metrics = _streamed_once(service)
     # once more with the grammar, pinned to the label already sent where it was
     assert engine.attempts == [(None, None), ("fault", "negative" if after_label else None)]
     assert label["sentiment"] == result["result"]["sentiment"] == "negative"
