@@ -42,6 +42,11 @@ from qwenspark.schemas import EXECUTOR_IN_SCHEMA, RESULT_COLUMNS
 
 log = logging.getLogger(__name__)
 
+# How many times an answer the engine ended in an error (parse.ENGINE_FAULT) is generated again before its row stores
+# the engine's error. One was not enough on an H100 (stop 53): in a run where one engine ended 35 of 3,001 answers so,
+# 30 of their second attempts, sent at once, ended so too; the faults came in bursts of consecutive requests.
+FAULT_RETRIES = 3
+
 EngineFactory = Callable[[EngineConfig], Engine]
 
 
@@ -269,6 +274,7 @@ class PreparedBatch:
         self.optimism = optimism if self.optimistic else None
         self.summary_rules = (settings.summary_max_chars, settings.summary_script)
         self.repaired: dict[int, Retry] = {}  # conversations generated a second time, and with which settings
+        self.faults: dict[int, int] = {}  # conversations' answers the engine ended in an error (ENGINE_FAULT) so far
         # Loaded once per process, so a head's file is read on the executor when its first batch arrives.
         self.head = get_head(template.label_head) if template.label_head else None
         self._voted: dict[tuple[int, str], str] = {}  # (row, model label) -> the head's label (_stored_label)
@@ -322,20 +328,18 @@ class PreparedBatch:
                         len(self.guarded), ", ".join(ids), " ..." if len(self.guarded) > 20 else "")
 
     def fill(self, j: int, done: Completion | str, latency_ms: int) -> Retry | None:
-        """Store the answer (or engine error) of conversation j; or, storing nothing, return how to generate it a
-        second time (the second answer is stored whatever it is): "grammar" for an answer written without the
-        grammar (optimistic) that does not fit it, "penalty" for one cut or looping when the prompt version repairs
-        those, "fault" for one the engine ended in an error (parse.ENGINE_FAULT)."""
+        """Store the answer (or engine error) of conversation j; or, storing nothing, return how to generate it
+        again: "grammar" for an answer written without the grammar (optimistic) that does not fit it, "penalty" for
+        one cut or looping when the prompt version repairs those (once: the second answer is stored whatever it is);
+        "fault" for one the engine ended in an error (parse.ENGINE_FAULT), up to FAULT_RETRIES times."""
         i = self.todo[j]
         parsed = None if isinstance(done, str) else parse_completion(
             done.text, done.finish_reason, self.aspect_map, self.answer_format)
-        if j not in self.repaired and isinstance(done, Completion) and parsed is not None:
-            retry = self._retry(done, parsed, self.langs[i])
-            if self.optimism is not None and retry != "fault":  # an engine's fault says nothing of the model's fit
-                self.optimism.record(retry is None)
+        if isinstance(done, Completion) and parsed is not None:
+            retry = self._retry(j, done, parsed, self.langs[i])
             if retry is not None:
-                self.repaired[j] = retry
-                self.tokens_out[i] += done.tokens_out  # the first answer's tokens were spent too
+                self.repaired.setdefault(j, retry)
+                self.tokens_out[i] += done.tokens_out  # the earlier answers' tokens were spent too
                 return retry
         self.latency_ms[i] = latency_ms
         self.remaining -= 1
@@ -386,9 +390,18 @@ class PreparedBatch:
         if self.errors[i] is None and self.sentiment[i] is not None:
             self.sentiment[i] = sentiment
 
-    def _retry(self, done: Completion, parsed: Parsed, lang: str) -> Retry | None:
+    def _retry(self, j: int, done: Completion, parsed: Parsed, lang: str) -> Retry | None:
         if done.finish_reason == ENGINE_FAULT:  # the engine's doing, not the model's: the same prompt again
-            return "fault"
+            self.faults[j] = self.faults.get(j, 0) + 1
+            return "fault" if self.faults[j] <= FAULT_RETRIES else None
+        if j in self.repaired:  # a second answer, stored whatever it is
+            return None
+        retry = self._repair(done, parsed, lang)
+        if self.optimism is not None:  # a first answer: whether it fits (an engine's fault says nothing of that)
+            self.optimism.record(retry is None)
+        return retry
+
+    def _repair(self, done: Completion, parsed: Parsed, lang: str) -> Retry | None:
         if self.optimistic and done.finish_reason == DEAD_END:  # the engine ended it where no answer could fit
             # Only blanks (parse.LEADING_BLANKS): the loop max_tokens would have cut, repaired as such.
             return "penalty" if self.repairs and not done.text.strip() else "grammar"
@@ -407,19 +420,20 @@ class PreparedBatch:
         started = time.perf_counter()
         langs = [self.langs[i] for i in self.todo]
         completions = generate_isolating(engine, self.conversations, langs, retry=self.first_retry)
-        batch_ms = int((time.perf_counter() - started) * 1000)
-        again: dict[Retry, list[int]] = {}
-        for j, done in enumerate(completions):
-            retry = self.fill(j, done, batch_ms)
-            if retry is not None:
-                again.setdefault(retry, []).append(j)
-        for retry, rows in again.items():
-            log.info("%d answer(s) generated again (%s)", len(rows), retry)
-            redone = generate_isolating(engine, [self.conversations[j] for j in rows], [langs[j] for j in rows],
-                                        retry=retry)
+        answers = list(enumerate(completions))
+        while answers:  # rounds of second attempts until every answer is stored (fill bounds the retries)
             batch_ms = int((time.perf_counter() - started) * 1000)
-            for j, done in zip(rows, redone, strict=True):
-                self.fill(j, done, batch_ms)
+            again: dict[Retry, list[int]] = {}
+            for j, done in answers:
+                retry = self.fill(j, done, batch_ms)
+                if retry is not None:
+                    again.setdefault(retry, []).append(j)
+            answers = []
+            for retry, rows in again.items():
+                log.info("%d answer(s) generated again (%s)", len(rows), retry)
+                redone = generate_isolating(engine, [self.conversations[j] for j in rows], [langs[j] for j in rows],
+                                            retry=retry)
+                answers.extend(zip(rows, redone, strict=True))
         return self.frame()
 
     def _columns(self) -> dict[str, Any]:

@@ -160,7 +160,7 @@ def answer_grammars(cfg: EngineConfig, label: str | None = None) -> dict[str | N
 # vLLM's finish reason for an answer its engine ended in an error: on an H100 (stop 52) one engine at 200 guided
 # requests/s ended 0.2-2 % of answers so, its sampler having picked a token the answer's grammar refuses ("grammar
 # rejected tokens [0]", vLLM 0.26, its own mask fill or the batch matcher alike; vllm-project/vllm#53181 reports it
-# after the fix of 0.27). Not the model's answer: generated once more (analyze.PreparedBatch's "fault" retry).
+# after the fix of 0.27). Not the model's answer: generated again (analyze.PreparedBatch's "fault" retries).
 ENGINE_FAULT = "error"
 
 

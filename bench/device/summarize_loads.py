@@ -11,4 +11,5 @@ for path in sys.argv[1:]:
             print(Path(path).name, r["load"], r["answers_per_s"], "tok", r["mean_tokens_out"],
                   "label", r["label_ms"]["p50"], r["label_ms"]["p99"], "full", r["full_ms"]["p50"],
                   r["full_ms"]["p99"], "from 1 s", r.get("from_1s_ms"), "cores", r["cpu_cores"],
-                  "errors", {k[:40]: n for k, n in r.get("answer_errors", {}).items()})
+                  "errors", {k[:40]: n for k, n in r.get("answer_errors", {}).items()},
+                  "retries so far", r.get("retries_so_far"))

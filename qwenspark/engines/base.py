@@ -10,7 +10,8 @@ Message = dict[str, str]
 # A second attempt at an answer (qwenspark.analyze.PreparedBatch.fill decides): "grammar", an answer written without
 # the grammar (engine.optimistic) that does not fit it, generated with the grammar; "penalty", an answer cut by
 # max_tokens or with a looping summary, generated with the grammar and engine.repair_penalty; "fault", an answer the
-# engine itself ended in an error (parse.ENGINE_FAULT), generated again with the grammar's settings.
+# engine itself ended in an error (parse.ENGINE_FAULT), generated again with the grammar's settings and its prompt
+# computed afresh (vLLM: a cache salt of its own, none of the cached KV blocks of the attempt that faulted reused).
 Retry = Literal["grammar", "penalty", "fault"]
 
 # CPU features with native bf16 matrix math (x86 AVX-512 BF16 / AMX, Arm BF16). Without them bf16 is emulated:

@@ -281,10 +281,11 @@ class VllmEngine:
     def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: Retry | None = None) -> str:
         # Requests join the running batch while older ones decode (a batch call would wait for its longest answer).
         request_id = str(next(self._ids))
-        self._add(request_id, conversation, self.params(lang, retry), lang)
+        self._add(request_id, conversation, self.params(lang, retry), lang, fresh=retry == "fault")
         return request_id
 
-    def _add(self, request_id: str, conversation: Sequence[Message], params: Any, lang: str | None = None) -> None:
+    def _add(self, request_id: str, conversation: Sequence[Message], params: Any, lang: str | None = None,
+             fresh: bool = False) -> None:
         """The one place a request enters vLLM: the prompt tokenised here, once (vLLM takes the ids as they are); an
         answer in lines written without the grammar read for its dead ends as it grows (engines.dead_ends)."""
         watch = None
@@ -292,7 +293,7 @@ class VllmEngine:
             watch = reader(self._cfg, self._tokenizer, lang).viable  # its params report it whole (sampling_params)
         try:
             self._feed.add(request_id, self._prompt_ids(self.render(conversation), conversation[-1]["content"]),
-                           params, watch)
+                           params, watch, fresh)
         except self._client_errors as exc:
             raise RequestError(str(exc)) from exc
 

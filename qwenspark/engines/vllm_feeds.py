@@ -48,10 +48,11 @@ class Feed(Protocol):
     tokenizer: Any
     vllm_config: Any
 
-    def add(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None = None) -> None:
+    def add(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None = None,
+            fresh: bool = False) -> None:
         """Queue one request; raises vLLM's validation error if it refuses it at once. With a watch, params must
         report the answer as it grows (output_kind CUMULATIVE): the first step after which the watch says False drops
-        the request in vLLM and reports it as a Cut."""
+        the request in vLLM and reports it as a Cut. fresh: its prompt computed anew, not from the prefix cache."""
         ...
 
     def finished(self) -> list[tuple[str, Any]]:
@@ -87,17 +88,28 @@ def offline_usage() -> Any:
     return UsageContext.LLM_CLASS
 
 
-def token_prompt() -> Callable[[list[int]], Any]:
-    """How a prompt's token ids are handed to vLLM: as the engine input its renderer would make of them
-    (vllm.inputs.tokens_input, in the 0.26 of the GPU machine and the 0.32 here), not as a raw TokensPrompt, which
-    vLLM renders again per request and warns is deprecated; it checks the ids and the length either way."""
+def token_prompt() -> Callable[..., Any]:
+    """How a prompt's token ids are handed to vLLM, as prompt(ids, salt=None): as the engine input its renderer would
+    make of them (vllm.inputs.tokens_input, in the 0.26 of the GPU machine and the 0.32 here), not as a raw
+    TokensPrompt, which vLLM renders again per request and warns is deprecated; it checks the ids and the length either
+    way. salt (vLLM's cache_salt): the prompt's KV blocks computed afresh, none taken from the prefix cache."""
     try:
         from vllm.inputs import tokens_input  # type: ignore[attr-defined,unused-ignore]
     except ImportError:  # older releases take the raw prompt
         from vllm.inputs import TokensPrompt
 
-        return lambda ids: TokensPrompt(prompt_token_ids=ids)
-    return tokens_input  # type: ignore[no-any-return,unused-ignore]
+        def raw(ids: list[int], salt: str | None = None) -> Any:
+            prompt = TokensPrompt(prompt_token_ids=ids)
+            if salt is not None:
+                prompt["cache_salt"] = salt
+            return prompt
+
+        return raw
+
+    def rendered(ids: list[int], salt: str | None = None) -> Any:
+        return tokens_input(ids, cache_salt=salt)
+
+    return rendered
 
 
 def core_in_process() -> bool:
@@ -149,8 +161,9 @@ class InProcess:
         self._yielding = yielding
         self._watches: dict[str, Watch] = {}
 
-    def add(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None = None) -> None:
-        self._engine.add_request(request_id, self._prompt(prompt_ids), params)
+    def add(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None = None,
+            fresh: bool = False) -> None:
+        self._engine.add_request(request_id, self._prompt(prompt_ids, request_id if fresh else None), params)
         if watch is not None:
             self._watches[request_id] = watch
 
@@ -226,16 +239,18 @@ class EventLoop:
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def add(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None = None) -> None:
-        self._loop.call_soon_threadsafe(self._open, request_id, prompt_ids, params, watch)
+    def add(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None = None,
+            fresh: bool = False) -> None:
+        prompt = self._prompt(prompt_ids, request_id if fresh else None)
+        self._loop.call_soon_threadsafe(self._open, request_id, prompt, params, watch)
 
-    def _open(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None) -> None:
-        self._streams[request_id] = self._loop.create_task(self._answer(request_id, prompt_ids, params, watch))
+    def _open(self, request_id: str, prompt: Any, params: Any, watch: Watch | None) -> None:
+        self._streams[request_id] = self._loop.create_task(self._answer(request_id, prompt, params, watch))
 
-    async def _answer(self, request_id: str, prompt_ids: list[int], params: Any, watch: Watch | None) -> None:
+    async def _answer(self, request_id: str, prompt: Any, params: Any, watch: Watch | None) -> None:
         try:
             # Cancelling this task (abort), or leaving the stream (a watch's False), makes AsyncLLM abort the request.
-            async with aclosing(self._llm.generate(self._prompt(prompt_ids), params, request_id)) as outs:
+            async with aclosing(self._llm.generate(prompt, params, request_id)) as outs:
                 async for out in outs:
                     if out.finished:
                         self._done.put((request_id, out))

@@ -47,6 +47,9 @@ from qwenspark.serve.sizing import engine_count, worker_count
 
 log = logging.getLogger("qwenspark.serve")
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+# Seconds an answer the engine ended in an error waits before it is generated again, times the faults so far (50, 100,
+# 150 ms): its second attempt sent at once fell in the same burst of faults on an H100 (analyze.FAULT_RETRIES).
+FAULT_PAUSE_S = 0.05
 _INT64 = (-(2**63), 2**63 - 1)
 _DECIMAL = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit would take "²" and other scripts' digits
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -173,9 +176,9 @@ class Metrics:
                                  buckets=_BUCKETS, registry=r)
         self.label_latency = Histogram("qwenspark_serve_label_seconds", "Time to a review's label",
                                        buckets=_BUCKETS, registry=r)
-        self.retries = Counter("qwenspark_serve_retries", "Answers generated a second time, by kind (grammar: an "
-                               "optimistic answer that misfit; penalty: cut or looping; fault: ended by the engine "
-                               "in an error)", ["kind"], registry=r)
+        self.retries = Counter("qwenspark_serve_retries", "Answers generated again, by kind (grammar: an optimistic "
+                               "answer that misfit; penalty: cut or looping; fault: ended by the engine in an error, "
+                               "counted per attempt)", ["kind"], registry=r)
         self.dead_ends = Counter("qwenspark_serve_dead_ends", "Answers written without the grammar that were cut at "
                                  "their first dead end and generated again with it (engine.cut_dead_ends)",
                                  registry=r)
@@ -355,6 +358,8 @@ class Service:
                     self.metrics.label_latency.observe(time.perf_counter() - started)
                 return
             self.metrics.retries.labels(retry).inc()
+            if retry == "fault":  # the engine's faults came in bursts of consecutive requests (analyze.FAULT_RETRIES)
+                await asyncio.sleep(FAULT_PAUSE_S * batch.faults[j])
 
     async def run(self, batch: PreparedBatch, started: float,
                   label: Callable[[int, str], None] | None = None) -> list[dict[str, Any]]:

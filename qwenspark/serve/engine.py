@@ -298,7 +298,9 @@ class AsyncVllm:
         try:
             # AsyncLLM aborts the request itself when this iteration is cancelled (a client gone, a timeout) or
             # closed (a dead end).
-            async with aclosing(self._llm.generate(self._prompt(ids), params, f"serve-{next(self._ids)}")) as outs:
+            request_id = f"serve-{next(self._ids)}"
+            prompt = self._prompt(ids, request_id if retry == "fault" else None)
+            async with aclosing(self._llm.generate(prompt, params, request_id)) as outs:
                 async for out in outs:
                     best = out.outputs[0]
                     if not self._ids_only:

@@ -1,6 +1,7 @@
 """An answer vLLM itself ends in an error (its scheduler's "grammar rejected tokens", finish reason "error": seen on
-an H100 at stop 52) is generated once more by the executor's batch: the real vLLM engine (core in this process, as
-on CPUs) with the tiny random Qwen3, its grammar made to refuse the first token of two answers."""
+an H100 at stops 52-53) is generated again by the executor's batch, its prompt computed afresh: the real vLLM engine
+(core in this process, as on CPUs) with the tiny random Qwen3, its grammar made to refuse the first token of two
+answers."""
 
 from __future__ import annotations
 
@@ -49,6 +50,16 @@ def test_an_answer_vllm_ends_in_an_error_is_generated_again(tiny_model: Path, mo
         return bool(own(self, request_id, tokens))
 
     monkeypatch.setattr(XgrammarGrammar, "accept_tokens", accept_tokens)
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    own_add = Scheduler.add_request
+    salts: dict[str, str | None] = {}  # each request's cache salt as vLLM's scheduler received it
+
+    def add_request(self: Any, request: Any) -> None:
+        salts[request.request_id] = request.cache_salt
+        own_add(self, request)
+
+    monkeypatch.setattr(Scheduler, "add_request", add_request)
     template = get_template(VERSION)
     chunk = pd.DataFrame(
         {"review_id": range(len(reviews)), "hotel_id": "h", "created_at": None, "lang": [g for _, g in reviews],
@@ -57,7 +68,9 @@ def test_an_answer_vllm_ends_in_an_error_is_generated_again(tiny_model: Path, mo
     try:
         budget[0] = 2
         first = engine.generate([template.messages(t, g) for t, g in reviews], [g for _, g in reviews])
+        first_salts = set(salts.values())
         budget[0] = 2
+        salts.clear()
         batch = PreparedBatch(engine, chunk, spec)
         out = batch.run_sync(engine)
     finally:
@@ -65,9 +78,14 @@ def test_an_answer_vllm_ends_in_an_error_is_generated_again(tiny_model: Path, mo
     # vLLM's own word for it, as the service and the executors read it
     assert [d.finish_reason for d in first].count(ENGINE_FAULT) == 2, [(d.finish_reason, d.text) for d in first]
     assert len(refused) == 4
-    # The executor's batch: the two answers vLLM ended generated once more, one valid row per review.
+    # The executor's batch: the two answers vLLM ended generated again, one valid row per review.
     # (the random model's other answers may loop: those are repaired with the penalty, as always)
     kinds = sorted(batch.repaired.values())
     assert kinds.count("fault") == 2 and set(kinds) <= {"fault", "penalty"}, batch.repaired
     assert len(out) == len(reviews) and out["error"].isna().all(), out["error"].tolist()
     assert out["sentiment"].notna().all() and out["review_id"].tolist() == list(range(len(reviews)))
+    # Each second attempt's prompt is computed afresh (its own cache salt), not from the cached blocks of the attempt
+    # the engine ended; first attempts share the prefix cache.
+    assert first_salts == {None}
+    assert sum(salt is not None for salt in salts.values()) == 2, salts
+    assert len(salts) >= len(reviews) + 2

@@ -119,6 +119,45 @@ def test_a_pinned_retry_writes_the_label_it_is_pinned_to(version: str, tiny_mode
         assert text.startswith(first + label + ('"' if first else "\n")), (label, text)
 
 
+# A second attempt at an answer the engine ended in an error ("fault") asks vLLM for its prompt with a cache salt of
+# its own (its KV computed afresh, none of the faulted attempt's cached blocks reused); every other attempt shares
+# the prefix cache. Read at vLLM's AsyncLLM.generate, as vLLM receives each request.
+def test_a_fault_retry_asks_vllm_for_its_prompt_computed_afresh(tiny_model: Path) -> None:
+    cfg = validate_config({
+        "engine": {"kind": "vllm", "model": str(tiny_model), "max_tokens": 24, "max_model_len": 2048,
+                   "enforce_eager": True, "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}},
+        "prompt": {"version": "v14"},
+    })
+    conversation = get_template("v14").messages(SAMPLE_REVIEWS[1][0], SAMPLE_REVIEWS[1][1])
+    attempts = [(None, None), ("grammar", None), ("fault", None), ("fault", "negative"), ("fault", None)]
+
+    async def go() -> tuple[list[Any], list[str]]:
+        engine = await AsyncVllm.start(serve_engine_config(cfg))
+        salts: list[Any] = []
+        own = engine._llm.generate
+
+        def generate(prompt: Any, params: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+            salts.append(prompt.get("cache_salt"))
+            return own(prompt, params, request_id, *args, **kwargs)
+
+        engine._llm.generate = generate
+        try:
+            texts = []
+            for retry, pin in attempts:
+                async for part in engine.stream(conversation, SAMPLE_REVIEWS[1][1], retry, pin):
+                    if part.done is not None:
+                        texts.append(part.done.text)
+            return salts, texts
+        finally:
+            await engine.close()
+
+    salts, texts = asyncio.run(go())
+    assert len(texts) == len(attempts) and all(texts), texts
+    assert salts[:2] == [None, None], salts
+    assert all(isinstance(salt, str) and salt for salt in salts[2:]) and len(set(salts[2:])) == 3, salts
+    assert texts[3].startswith("negative\n"), texts[3]  # pinned as ever
+
+
 def test_the_gpu_defaults_sit_under_the_users_settings_and_vllm_reads_them() -> None:
     from vllm.config import CUDAGraphMode
 

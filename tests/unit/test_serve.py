@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from qwenspark.analyze import FAULT_RETRIES
 from qwenspark.config import QwenSparkConfig, validate_config
 from qwenspark.engines.base import Completion, Message, Retry
 from qwenspark.errors import ConfigError, EngineError
@@ -194,16 +195,16 @@ def test_a_retry_after_the_label_was_sent_is_pinned_to_it_and_stores_it(optimist
 
 
 class Faulty(Misfit):
-    """A guided answer (v14's lines) whose first attempt the engine ends in an error (vLLM's finish_reason "error",
-    its grammar having refused a sampled token): at its first token ('!') or after the label was sent."""
+    """A guided answer (v14's lines) whose first `faults` attempts the engine ends in an error (vLLM's finish_reason
+    "error", its grammar having refused a sampled token): at its first token ('!') or after the label was sent."""
 
-    def __init__(self, after_label: bool) -> None:
+    def __init__(self, after_label: bool, faults: int) -> None:
         super().__init__(first="negative", retried="negative")
-        self.after_label = after_label
+        self.after_label, self.faults = after_label, faults
 
     async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
                      pin: str | None = None) -> AsyncIterator[Partial]:
-        if retry is not None:
+        if len(self.attempts) >= self.faults:
             async for part in super().stream(conversation, lang, retry, pin):
                 yield part
             return
@@ -214,19 +215,24 @@ class Faulty(Misfit):
         yield Partial(text, None, Completion(text, ENGINE_FAULT, 100, 5))
 
 
-@pytest.mark.parametrize("after_label", [False, True])
-def test_an_answer_the_engine_ended_in_an_error_is_generated_again(after_label: bool) -> None:
+@pytest.mark.parametrize(("after_label", "faults"), [(False, 1), (True, 2), (True, FAULT_RETRIES + 1)])
+def test_an_answer_the_engine_ended_in_an_error_is_generated_again(after_label: bool, faults: int) -> None:
     cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
                            "prompt": {"version": "v14"}, "serve": {"optimistic": False}})
-    engine = Faulty(after_label)
+    engine = Faulty(after_label, faults)
     service = Service(cfg, engine)
 
     label, result, metrics = _streamed_once(service)
-    # once more with the grammar, pinned to the label already sent where it was
-    assert engine.attempts == [(None, None), ("fault", "negative" if after_label else None)]
+    # again with the grammar, pinned to the label already sent where it was, up to FAULT_RETRIES times
+    retries = min(faults, FAULT_RETRIES)
+    assert engine.attempts == [(None, None)] + [("fault", "negative" if after_label else None)] * retries
+    assert f'qwenspark_serve_retries_total{{kind="fault"}} {float(retries)}' in metrics
+    if faults > FAULT_RETRIES:  # the engine's error, not the model's answer; the label sent stays the client's
+        assert result["result"]["error"].startswith("engine: the answer ended in an engine error")
+        assert 'qwenspark_serve_reviews_total{outcome="error"} 1.0' in metrics
+        return
     assert label["sentiment"] == result["result"]["sentiment"] == "negative"
     assert result["result"]["error"] is None and result["result"]["summary"] == "Short summary."
-    assert 'qwenspark_serve_retries_total{kind="fault"} 1.0' in metrics
     assert 'qwenspark_serve_reviews_total{outcome="ok"} 1.0' in metrics
 
 
