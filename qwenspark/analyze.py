@@ -72,7 +72,7 @@ class Metrics:
     gpu_bindings: Any  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> engine loads
     engine_rows: Any = None  # Accumulator[dict[str, int]]: "pid:gpu addresses" -> rows analysed
     guarded: Any = None  # Accumulator[int]: reviews the guard cut instructions to the model from
-    repaired: Any = None  # Accumulator[int]: answers generated a second time with the repair settings
+    repaired: Any = None  # Accumulator[int]: answers generated again (any retry kind: engines.base.Retry)
 
     def release(self) -> None:
         """Drop these accumulators from PySpark's driver registry once their values are read.

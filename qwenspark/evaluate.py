@@ -38,7 +38,7 @@ class EvalReport:
     summary_copied_rate: float  # of the rows with a summary: mostly one verbatim stretch of the review (scoring.copied)
     cut_or_looping_rate: float  # answers cut by max_tokens, or with a degenerate repetition in the summary
     cut_or_looping: list[dict[str, object]]  # those rows: source_id, lang, tokens_out, summary (cut: None)
-    repaired_rate: float  # answers generated a second time (cut or looping the first time: engine.repair_penalty)
+    repaired_rate: float  # answers generated again (cut or looping, misfitting the grammar, or an engine fault)
     mean_tokens_out: float
     # Output tokens per review at the 0th, 1st, ..., 100th percentile: the length distribution a GPU benchmark
     # forces on dummy weights (bench/workload_100k.py, bench/device/serve_planned.py), so its decode work looks like

@@ -57,7 +57,7 @@ class RunSummary:
     slots: int = 0
     partitions: int = 0
     rows_guarded: int = 0  # reviews the guard cut instructions to the model from (printed; not a job_runs column)
-    rows_repaired: int = 0  # answers generated again with the repair settings (printed; not a job_runs column)
+    rows_repaired: int = 0  # answers generated again, any retry kind (printed; not a job_runs column)
 
     def job_runs_fields(self) -> dict[str, object]:
         """The columns of job_runs this summary fills."""

@@ -22,7 +22,7 @@ qwenspark run {s.run_id}: {s.status}
   already current      {s.rows_skipped}  (same text, model and prompt: skipped)
   analysed             {s.rows_analysed}  ({s.rows_ok} ok, {s.rows_error} with an error, {s.rows_truncated} truncated)
   guarded              {s.rows_guarded}  (instructions to the model cut from the review first: prompt.guard)
-  generated again      {s.rows_repaired}  (answers that came back cut or looping, repaired: engine.repair_penalty)
+  generated again      {s.rows_repaired}  (answers cut or looping, misfitting the grammar, or an engine fault)
   result rows changed  {s.rows_changed}
   stale, not written   {s.rows_stale}  (a run that read newer input had stored them)
   results purged       {s.rows_purged}  (reviews deleted from {cfg.source.table}; job.purge_deleted)
@@ -78,7 +78,7 @@ def print_eval(r: EvalReport) -> None:
   summary in language {r.summary_in_language_rate:.3f}
   summary copied      {r.summary_copied_rate:.3f} (mostly one verbatim stretch of the review)
   cut or looping      {r.cut_or_looping_rate:.4f}
-  generated again     {r.repaired_rate:.4f} (cut or looping the first time: engine.repair_penalty)
+  generated again     {r.repaired_rate:.4f} (cut or looping, misfitting the grammar, or ended by the engine in an error)
   tokens out / review {r.mean_tokens_out:.1f} (p10/p50/p90 {spread})
   rows/s              {r.rows_per_s:.2f}
   gen tokens/s        {r.gen_tokens_per_s:.1f}
