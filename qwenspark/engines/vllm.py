@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from qwenspark.calibrate import TOP_LOGPROBS, label_logprobs
 from qwenspark.config import EngineConfig
-from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, refusal, resolve_dtype
+from qwenspark.engines.base import Completion, Message, Retry, attempt_settings, fresh_prompt, refusal, resolve_dtype
 from qwenspark.engines.dead_ends import DEAD_END, cuts_dead_ends, reader
 from qwenspark.engines.vllm_feeds import Cut
 from qwenspark.engines.vllm_masks import ENV as MASKS_ENV
@@ -281,7 +281,7 @@ class VllmEngine:
     def submit(self, conversation: Sequence[Message], lang: str | None = None, *, retry: Retry | None = None) -> str:
         # Requests join the running batch while older ones decode (a batch call would wait for its longest answer).
         request_id = str(next(self._ids))
-        self._add(request_id, conversation, self.params(lang, retry), lang, fresh=retry == "fault")
+        self._add(request_id, conversation, self.params(lang, retry), lang, fresh=fresh_prompt(retry))
         return request_id
 
     def _add(self, request_id: str, conversation: Sequence[Message], params: Any, lang: str | None = None,

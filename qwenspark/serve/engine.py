@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from qwenspark.config import EngineConfig
-from qwenspark.engines.base import Completion, Engine, Message, Retry
+from qwenspark.engines.base import Completion, Engine, Message, Retry, fresh_prompt
 from qwenspark.engines.dead_ends import DEAD_END, DeadEnds, cuts_dead_ends, reader
 from qwenspark.engines.vllm_feeds import token_prompt
 from qwenspark.engines.yielding import publish, unpublish
@@ -299,7 +299,7 @@ class AsyncVllm:
             # AsyncLLM aborts the request itself when this iteration is cancelled (a client gone, a timeout) or
             # closed (a dead end).
             request_id = f"serve-{next(self._ids)}"
-            prompt = self._prompt(ids, request_id if retry == "fault" else None)
+            prompt = self._prompt(ids, request_id if fresh_prompt(retry) else None)
             async with aclosing(self._llm.generate(prompt, params, request_id)) as outs:
                 async for out in outs:
                     best = out.outputs[0]
