@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from qwenspark.analyze import AnalyzeSpec, PreparedBatch, templated
+from qwenspark.analyze import FAULT_RETRIES, AnalyzeSpec, PreparedBatch, templated
 from qwenspark.clean import clean_lang, clean_text
 from qwenspark.config import EngineConfig, QwenSparkConfig
 from qwenspark.engines.base import Retry, refusal
@@ -227,6 +227,7 @@ class Service:
         if (optimism := self.optimism) is not None:  # read when /metrics is, not per answer
             self.metrics.fit_share.set_function(lambda: optimism.share() or 0.0)
         self.admitted = 0
+        self.fault_told = False  # the first answer the engine ends in an error is explained in the log, once
 
     def authorise(self, request: Request) -> None:
         if self.key is None:
@@ -359,7 +360,16 @@ class Service:
                 return
             self.metrics.retries.labels(retry).inc()
             if retry == "fault":  # the engine's faults came in bursts of consecutive requests (analyze.FAULT_RETRIES)
+                self._tell_fault()
                 await asyncio.sleep(FAULT_PAUSE_S * batch.faults[j])
+
+    def _tell_fault(self) -> None:
+        # vLLM logs each such answer as an ERROR asking for an issue to be filed; say once what the service does.
+        if not self.fault_told:
+            self.fault_told = True
+            log.warning("serve: the engine ended an answer in an error (vLLM: 'grammar rejected tokens'); such answers "
+                        "are generated again, up to %d times, and counted in qwenspark_serve_retries_total"
+                        "{kind=\"fault\"} (README, 'Labels and how they are scored')", FAULT_RETRIES)
 
     async def run(self, batch: PreparedBatch, started: float,
                   label: Callable[[int, str], None] | None = None) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -216,13 +217,18 @@ class Faulty(Misfit):
 
 
 @pytest.mark.parametrize(("after_label", "faults"), [(False, 1), (True, 2), (True, FAULT_RETRIES + 1)])
-def test_an_answer_the_engine_ended_in_an_error_is_generated_again(after_label: bool, faults: int) -> None:
+def test_an_answer_the_engine_ended_in_an_error_is_generated_again(after_label: bool, faults: int,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     cfg = validate_config({"engine": {"kind": "custom", "factory": "tests.support.echo_engine:build", "model": "m"},
                            "prompt": {"version": "v14"}, "serve": {"optimistic": False}})
     engine = Faulty(after_label, faults)
     service = Service(cfg, engine)
 
-    label, result, metrics = _streamed_once(service)
+    with caplog.at_level(logging.WARNING, logger="qwenspark.serve"):
+        label, result, metrics = _streamed_once(service)
+    # the operator is told once what the service does about it, however many faults followed
+    told = [r for r in caplog.records if "the engine ended an answer in an error" in r.getMessage()]
+    assert len(told) == 1 and f"up to {FAULT_RETRIES} times" in told[0].getMessage()
     # again with the grammar, pinned to the label already sent where it was, up to FAULT_RETRIES times
     retries = min(faults, FAULT_RETRIES)
     assert engine.attempts == [(None, None)] + [("fault", "negative" if after_label else None)] * retries
