@@ -38,8 +38,8 @@ EARLY_TOKENS = 16
 #   graphs up to 256 tokens) ran those in piecewise graphs or none (the steps are larger), leaving the engine core's
 #   Python to launch each layer's kernels: 3.3 cores busy and saturated at 68 answers/s (answer P50 4.9 s), against
 #   1.5 cores and 94.5/s (P50 0.50 s) with full graphs. FlashAttention 3 (Hopper) runs mixed steps in a graph; on a
-#   GPU or backend that cannot, vLLM itself falls back to FULL_AND_PIECEWISE and logs why. Those mixed full graphs
-#   are what ends 0.1-2 % of answers in an error on some H100 hosts (vLLM 0.26's V2 runner; none with
+#   GPU or backend that cannot, vLLM itself falls back to FULL_AND_PIECEWISE and logs why. With those mixed full
+#   graphs vLLM 0.26's V2 runner ends 0.1-2 % of answers in an error on some H100 hosts (none in the same sitting with
 #   FULL_AND_PIECEWISE or the V1 runner, whose whole answer P99 was 1.7-2.3 s against 0.6-0.7 s, stop 54): the
 #   service generates such answers again (analyze.FAULT_RETRIES) rather than giving up the graphs.
 # - 256 sequences at once, not the engine class's 128: at 100/s about as many answers are in flight, and the 129th
