@@ -40,8 +40,9 @@ EARLY_TOKENS = 16
 #   1.5 cores and 94.5/s (P50 0.50 s) with full graphs. FlashAttention 3 (Hopper) runs mixed steps in a graph; on a
 #   GPU or backend that cannot, vLLM itself falls back to FULL_AND_PIECEWISE and logs why. With those mixed full
 #   graphs vLLM 0.26's V2 runner ends 0.1-2 % of answers in an error on some H100 hosts (none in the same sitting with
-#   FULL_AND_PIECEWISE or the V1 runner, whose whole answer P99 was 1.7-2.3 s against 0.6-0.7 s, stop 54): the
-#   service generates such answers again (analyze.FAULT_RETRIES) rather than giving up the graphs.
+#   FULL_AND_PIECEWISE or the V1 runner, whose whole answer P99 was 1.7-2.3 s against 0.6-0.7 s, stop 54; none in
+#   one run of Triton attention's full graphs, whose latency is not yet compared warm, stop 55): the service
+#   generates such answers again (analyze.FAULT_RETRIES) rather than giving up the graphs.
 # - 256 sequences at once, not the engine class's 128: at 100/s about as many answers are in flight, and the 129th
 #   waited for a free seat (label P99 1.5-2.2 s with 128, 0.73 s with 256). `vllm serve`'s 1,024 sequences and 8,192
 #   tokens per step were worse (stop 29: label P99 2.6 s against 411 ms at 50/s): a large step delays every answer.
