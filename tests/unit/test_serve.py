@@ -102,6 +102,22 @@ def test_a_list_is_answered_in_input_order_and_concurrent_requests_each_get_thei
     assert service.admitted == 0
 
 
+def test_a_review_sent_without_an_id_shows_its_position_in_the_list() -> None:
+    service = Service(_config(), Scripted())
+
+    async def go() -> httpx.Response:
+        async with _client(service) as client:
+            return await client.post("/v1/analyze", json=[{"text": "Dirty room."},
+                                                          {"text": "Lovely staff.", "review_id": "5"},
+                                                          {"text": "Quiet street."}])
+
+    response = _run(go())
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert [(r["review_id"], r["summary"]) for r in results] == [
+        (0, "Dirty room."), (5, "Lovely staff."), (2, "Quiet street.")]
+
+
 def test_stream_sends_the_label_before_the_rest() -> None:
     service = Service(_config(), Scripted(delay=0.2))
 
