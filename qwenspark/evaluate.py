@@ -15,8 +15,9 @@ from qwenspark.analyze import Metrics
 from qwenspark.clean import clean
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import SourceError
-from qwenspark.parse import CUT_ERROR
+from qwenspark.parse import CUT_ERROR, parse_completion
 from qwenspark.pipeline import analyse, new_metrics
+from qwenspark.prompts import get_template
 from qwenspark.schemas import INPUT_SCHEMA
 
 LABEL_COLUMNS = ("source_id", "lang", "text", "label")
@@ -36,6 +37,9 @@ class EvalReport:
     confusion_by_lang: dict[str, dict[str, dict[str, int]]]  # lang -> gold -> raw answer (4 labels, error) -> rows
     summary_in_language_rate: float  # of the rows with a summary in zh or en
     summary_copied_rate: float  # of the rows with a summary: mostly one verbatim stretch of the review (scoring.copied)
+    # Of the rows with a summary: a stretch of a few-shot example's summary that the review lacks (scoring.borrowed)
+    summary_borrowed_rate: float
+    summary_borrowed: list[dict[str, object]]  # those rows: source_id, lang, summary
     cut_or_looping_rate: float  # answers cut by max_tokens, or with a degenerate repetition in the summary
     cut_or_looping: list[dict[str, object]]  # those rows: source_id, lang, tokens_out, summary (cut: None)
     repaired_rate: float  # answers generated again (cut or looping, misfitting the grammar, or an engine fault)
@@ -90,6 +94,14 @@ def sample(df: pd.DataFrame, limit: int | None, seed: int) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def example_summaries(version: str) -> list[str]:
+    """The summaries of the prompt version's few-shot answers, which a summary should not repeat (scoring.borrowed)."""
+    template = get_template(version)
+    parsed = (parse_completion(answer, "stop", aspect_map=template.aspect_map, answer_format=template.answer_format)
+              for _, answer in template.examples)
+    return [p.record.summary for p in parsed if p.record is not None and p.record.summary]
+
+
 def _warm_up(spark: SparkSession, cfg: QwenSparkConfig) -> float:
     # Load the engine in the worker first, so rows/s measures analysis, not model loading.
     t0 = time.perf_counter()
@@ -139,6 +151,9 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
                if v is not None]
     copies = [v for v in (scoring.copied(s, t) for s, t in zip(summaries, labelled["text"], strict=True))
               if v is not None]
+    shown = example_summaries(prompt_version)
+    borrows = [scoring.borrowed(s, t, shown) for s, t in zip(summaries, labelled["text"], strict=True)]
+    with_summary = [b for b in borrows if b is not None]
     cut = [bool(e and e.startswith(CUT_ERROR)) or scoring.looping(s) for e, s in zip(errors, summaries, strict=True)]
     n = len(labelled)
     tokens_out = [int(t) for t in out["tokens_out"].tolist()]
@@ -157,6 +172,9 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
         confusion_by_lang={lang: scoring.confusion(g, a) for lang, (g, a) in per_lang.items()},
         summary_in_language_rate=sum(in_lang) / len(in_lang) if in_lang else 0.0,
         summary_copied_rate=sum(copies) / len(copies) if copies else 0.0,
+        summary_borrowed_rate=sum(with_summary) / len(with_summary) if with_summary else 0.0,
+        summary_borrowed=[{"source_id": str(labelled["source_id"].iat[i]), "lang": langs[i], "summary": summaries[i]}
+                          for i in range(n) if borrows[i]],
         cut_or_looping_rate=sum(cut) / n,
         repaired_rate=repaired / n,
         cut_or_looping=[

@@ -77,6 +77,7 @@ def print_eval(r: EvalReport) -> None:
   error rate          {r.error_rate:.3f}
   summary in language {r.summary_in_language_rate:.3f}
   summary copied      {r.summary_copied_rate:.3f} (mostly one verbatim stretch of the review)
+  summary borrowed    {r.summary_borrowed_rate:.3f} (a stretch of a few-shot example's summary the review lacks)
   cut or looping      {r.cut_or_looping_rate:.4f}
   generated again     {r.repaired_rate:.4f} (cut or looping, misfitting the grammar, or ended by the engine in an error)
   tokens out / review {r.mean_tokens_out:.1f} (p10/p50/p90 {spread})
@@ -91,7 +92,7 @@ def print_eval(r: EvalReport) -> None:
 _COMPARED: list[tuple[str, tuple[str, ...]]] = [
     ("rows", ("rows",)), ("accuracy", ("accuracy",)), ("macro-F1", ("macro_f1",)),
     ("schema-valid", ("schema_valid_rate",)), ("summary in language", ("summary_in_language_rate",)),
-    ("summary copied", ("summary_copied_rate",)),
+    ("summary copied", ("summary_copied_rate",)), ("summary borrowed", ("summary_borrowed_rate",)),
     ("cut or looping", ("cut_or_looping_rate",)), ("generated again", ("repaired_rate",)),
     ("tokens out / review", ("mean_tokens_out",)),
     ("rows/s", ("rows_per_s",))]

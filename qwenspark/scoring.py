@@ -8,7 +8,8 @@ The model answers one of four labels (LABELS). Gold labels come in two schemes:
   most 3-star reviews say. `neutral` scores as `neutral`.
 A row without a label (an error) is always wrong. Confusion matrices keep every raw answer in its own column
 (the four labels and `error`), so no class is dropped; accuracy and precision/recall/F1 use the scored label,
-F1 averaged over the gold classes of the row's scheme (macro-F1).
+F1 averaged over the gold classes of the row's scheme (macro-F1). Summaries are checked for their language, for
+copying their review (copied) and for repeating the prompt's few-shot summaries (borrowed).
 """
 
 from __future__ import annotations
@@ -128,3 +129,28 @@ def copied(summary: str | None, text: str | None) -> bool | None:
         return False
     match = SequenceMatcher(None, text, summary, autojunk=False).find_longest_match(0, len(text), 0, len(summary))
     return match.size >= COPIED_MIN_CHARS and match.size >= COPIED_SHARE * len(summary)
+
+
+# A summary borrows from the prompt's few-shot answers when it repeats a stretch of one of their summaries that its own
+# review does not contain ("...; only the location is good." after a review that never names the location): a claim
+# the guest may not have made. Han characters carry about two Latin letters' meaning each, hence the shorter bound.
+BORROWED_MIN_CHARS, BORROWED_MIN_HAN = 16, 8
+_EDGE = " ,.;:!?，。；：！？、"
+_NOT_WORD = re.compile(r"[\W_]+")  # ignored where the review is searched: "overpriced, smelly" ~ "overpriced smelly"
+
+
+def borrowed(summary: str | None, text: str | None, examples: Sequence[str]) -> bool | None:
+    """Whether a summary repeats a stretch of a few-shot example's summary (at least BORROWED_MIN_CHARS characters,
+    BORROWED_MIN_HAN where it holds Han; case and the punctuation at its ends ignored) that its review does not
+    contain, punctuation and spacing aside; None when there is no summary."""
+    if not summary:
+        return None
+    said, review = summary.lower(), _NOT_WORD.sub("", (text or "").lower())
+    for example in examples:
+        shown = example.lower()
+        match = SequenceMatcher(None, shown, said, autojunk=False).find_longest_match(0, len(shown), 0, len(said))
+        stretch = said[match.b:match.b + match.size].strip(_EDGE)
+        bound = BORROWED_MIN_HAN if _HAN.search(stretch) else BORROWED_MIN_CHARS
+        if len(stretch) >= bound and _NOT_WORD.sub("", stretch) not in review:
+            return True
+    return False

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 
 from qwenspark import scoring
-from qwenspark.evaluate import load_labelled, score
+from qwenspark.evaluate import example_summaries, load_labelled, score
 from qwenspark.parse import CUT_ERROR
+from qwenspark.prompts import TEMPLATES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,6 +109,44 @@ def test_the_report_counts_copied_summaries_among_those_written() -> None:
                         "error": [None, None, "parse: x"], "tokens_out": [10, 10, 10], "latency_ms": [5, 5, 5]})
     r = score(labelled, out, seconds=1.0, engine_load_seconds=1.0, model="m", prompt_version="v1")
     assert r.summary_copied_rate == 1 / 2
+
+
+EXAMPLES = ["Overpriced, smelly room, cold breakfast and indifferent staff; only the location is good.",
+            "房间大而干净，隔音差，前台服务好，总体满意。"]
+
+
+@pytest.mark.parametrize(("summary", "text", "borrows"), [
+    # a claim the review never made, taken from the example
+    ("Dirty room and rude staff; only the location is good.", "Dirty room, rude staff.", True),
+    ("Dirty room and rude staff; Only The Location Is Good…", "Dirty room, rude staff.", True),  # case, ends
+    # the same words where the review says them
+    ("Noisy; only the location is good.", "Noisy rooms. Only the location is good.", False),
+    ("Overpriced, smelly and noisy; rude staff.", "overpriced smelly noisy, staff rude", False),  # its punctuation
+    ("Dirty room and rude staff.", "Dirty room, rude staff.", False),  # its own words
+    ("Cold breakfast.", "The breakfast was cold.", False),  # a short shared stretch ("cold breakfast") is no loan
+    ("房间小，隔音差，前台服务好，总体满意。", "房间太小了，前台不错。", True),  # eight Han characters and more
+    ("房间大而干净，早餐一般。", "房间大，干净，早餐一般。", False),  # six: a common phrase, not a loan
+    (None, "x", None), ("", "x", None), ("Dirty; only the location is good.", None, True),
+])
+def test_summary_borrowed_from_an_example(summary: str | None, text: str | None, borrows: bool | None) -> None:
+    assert scoring.borrowed(summary, text, EXAMPLES) is borrows
+
+
+def test_the_report_counts_summaries_borrowed_from_the_prompts_examples() -> None:
+    labelled = pd.DataFrame({"source_id": ["a", "b", "c"], "lang": ["en"] * 3,
+                             "text": ["Dirty room, rude staff."] * 3, "label": ["negative"] * 3})
+    out = pd.DataFrame({"sentiment": ["negative", "negative", None],
+                        "summary": ["Dirty room and rude staff; only the location is good.", "Dirty, rude.", None],
+                        "error": [None, None, "parse: x"], "tokens_out": [10, 10, 10], "latency_ms": [5, 5, 5]})
+    r = score(labelled, out, seconds=1.0, engine_load_seconds=1.0, model="m", prompt_version="v10")
+    assert r.summary_borrowed_rate == 1 / 2
+    assert r.summary_borrowed == [{"source_id": "a", "lang": "en",
+                                   "summary": "Dirty room and rude staff; only the location is good."}]
+
+
+def test_the_examples_of_every_version_have_summaries_to_compare_with() -> None:
+    for version in TEMPLATES:
+        assert len(example_summaries(version)) >= 2, version
 
 
 def _report_of_hand_made_rows() -> dict[str, object]:
