@@ -32,7 +32,7 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 COLUMNS = [("zh acc", ("accuracy_by_lang", "zh")), ("en acc", ("accuracy_by_lang", "en")),
            ("en macro-F1", ("macro_f1_by_lang", "en")), ("valid", ("schema_valid_rate",)),
            ("cut/loop", ("cut_or_looping_rate",)), ("summ. lang", ("summary_in_language_rate",)),
-           ("summ. copied", ("summary_copied_rate",)),
+           ("summ. copied", ("summary_copied_rate",)), ("summ. borrow", ("summary_borrowed_rate",)),
            ("tok/review", ("mean_tokens_out",)), ("rows/s", ("rows_per_s",))]
 
 
