@@ -38,7 +38,8 @@ from qwenspark.parse import (
 )
 from qwenspark.prompts import detect_lang, get_template
 from qwenspark.resources import pin_task_gpus, pin_threads
-from qwenspark.schemas import EXECUTOR_IN_SCHEMA, RESULT_COLUMNS
+from qwenspark.schemas import EXECUTOR_IN_SCHEMA, RESULT_COLUMNS, ReviewAnalysis
+from qwenspark.scoring import borrowed_from
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,12 @@ class PreparedBatch:
         self.first_retry: Retry | None = "grammar" if optimism is not None and not self.optimistic else None
         self.optimism = optimism if self.optimistic else None
         self.summary_rules = (settings.summary_max_chars, settings.summary_script)
+        # What a summary must not repeat (engine.borrowed_retry): the few-shot answers' summaries; none when off.
+        self.template, self.shown = template, template.example_summaries() if settings.borrowed_retry else ()
         self.repaired: dict[int, Retry] = {}  # conversations generated a second time, and with which settings
+        # The model label (and its log-probabilities) of each answer generated again for a borrowed summary: the row
+        # keeps it (_borrowed).
+        self.kept: dict[int, tuple[str, dict[str, float] | None]] = {}
         self.faults: dict[int, int] = {}  # conversations' answers the engine ended in an error (ENGINE_FAULT) so far
         # Loaded once per process, so a head's file is read on the executor when its first batch arrives.
         self.head = get_head(template.label_head) if template.label_head else None
@@ -332,7 +338,9 @@ class PreparedBatch:
         """Store the answer (or engine error) of conversation j; or, storing nothing, return how to generate it
         again: "grammar" for an answer written without the grammar (optimistic) that does not fit it, "penalty" for
         one cut or looping when the prompt version repairs those (once: the second answer is stored whatever it is);
-        "fault" for one the engine ended in an error (parse.ENGINE_FAULT), up to FAULT_RETRIES times."""
+        "fault" for one the engine ended in an error (parse.ENGINE_FAULT), up to FAULT_RETRIES times; "borrowed" for
+        one whose summary repeats a few-shot example's (once, its prompt rebuilt without that example; the row keeps the
+        first answer's label)."""
         i = self.todo[j]
         parsed = None if isinstance(done, str) else parse_completion(
             done.text, done.finish_reason, self.aspect_map, self.answer_format)
@@ -349,12 +357,13 @@ class PreparedBatch:
             return None
         self.tokens_in[i] = done.tokens_in
         self.tokens_out[i] += done.tokens_out
-        self.label_logprobs[i] = done.label_logprobs
         if parsed.record is None:
+            self.label_logprobs[i] = done.label_logprobs
             self.errors[i] = parsed.error
         else:
-            self.sentiment[i] = self._stored_label(i, parsed.record.sentiment, done.label_logprobs)
-            self.generated[i] = parsed.record.sentiment
+            answer, logprobs = self.kept.get(j, (parsed.record.sentiment, done.label_logprobs))
+            self.label_logprobs[i], self.generated[i] = logprobs, answer
+            self.sentiment[i] = self._stored_label(i, answer, logprobs)
             self.summary[i] = ended_summary(parsed.record.summary, self.summary_rules[0], self.langs[i])
             self.aspects[i] = aspects_json(parsed.record, self.texts[i] if self.aspect_evidence else None)
         return None
@@ -400,7 +409,24 @@ class PreparedBatch:
         retry = self._repair(done, parsed, lang)
         if self.optimism is not None:  # a first answer: whether it fits (an engine's fault says nothing of that)
             self.optimism.record(retry is None)
+        if retry is None and parsed.record is not None:
+            return self._borrowed(j, parsed.record, done.label_logprobs)
         return retry
+
+    def _borrowed(self, j: int, record: ReviewAnalysis, label_logprobs: dict[str, float] | None) -> Retry | None:
+        """"borrowed" for a summary that repeats a few-shot example's (scoring.borrowed_from), conversation j's prompt
+        rebuilt without that example (the default 0.5B copied the example's summary and aspects whole: README,
+        "Summary borrowed"); else None. The row keeps this answer's label: the label head was fitted on the whole
+        prompt's log-probabilities, and the service has sent it already."""
+        i = self.todo[j]
+        # the summary as it would be stored: a clause the grammar's bound cut is not (ended_summary)
+        k = borrowed_from(ended_summary(record.summary, self.summary_rules[0], self.langs[i]), self.texts[i],
+                          self.shown)
+        if k is None:
+            return None
+        self.conversations[j] = self.template.messages(self.texts[i], self.langs[i], leave_out=(k,))
+        self.kept[j] = (record.sentiment, label_logprobs)
+        return "borrowed"
 
     def _repair(self, done: Completion, parsed: Parsed, lang: str) -> Retry | None:
         if self.optimistic and done.finish_reason == DEAD_END:  # the engine ended it where no answer could fit

@@ -373,6 +373,12 @@ class EngineConfig(_Section):
         "more with this frequency penalty (None or 0: stored as it came). The job sets it from prompt.version's "
         "template; leave it unset.",
     )
+    borrowed_retry: bool = Field(
+        True, description="An answer whose summary repeats a stretch of a few-shot example's summary that its review "
+        "lacks (a claim the guest never made; `qwenspark eval`'s 'summary borrowed') is generated once more from a "
+        "prompt without that example, with the grammar's settings, and that answer is stored (false: stored as it "
+        "came).",
+    )
     label_logprobs: bool = Field(
         False,
         description="Ask the engine for the log-probabilities of the sentiment label's first token (set from the "

@@ -15,7 +15,7 @@ from qwenspark.analyze import Metrics
 from qwenspark.clean import clean
 from qwenspark.config import QwenSparkConfig
 from qwenspark.errors import SourceError
-from qwenspark.parse import CUT_ERROR, parse_completion
+from qwenspark.parse import CUT_ERROR
 from qwenspark.pipeline import analyse, new_metrics
 from qwenspark.prompts import get_template
 from qwenspark.schemas import INPUT_SCHEMA
@@ -94,14 +94,6 @@ def sample(df: pd.DataFrame, limit: int | None, seed: int) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def example_summaries(version: str) -> list[str]:
-    """The summaries of the prompt version's few-shot answers, which a summary should not repeat (scoring.borrowed)."""
-    template = get_template(version)
-    parsed = (parse_completion(answer, "stop", aspect_map=template.aspect_map, answer_format=template.answer_format)
-              for _, answer in template.examples)
-    return [p.record.summary for p in parsed if p.record is not None and p.record.summary]
-
-
 def _warm_up(spark: SparkSession, cfg: QwenSparkConfig) -> float:
     # Load the engine in the worker first, so rows/s measures analysis, not model loading.
     t0 = time.perf_counter()
@@ -151,7 +143,7 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
                if v is not None]
     copies = [v for v in (scoring.copied(s, t) for s, t in zip(summaries, labelled["text"], strict=True))
               if v is not None]
-    shown = example_summaries(prompt_version)
+    shown = get_template(prompt_version).example_summaries()
     borrows = [scoring.borrowed(s, t, shown) for s, t in zip(summaries, labelled["text"], strict=True)]
     with_summary = [b for b in borrows if b is not None]
     cut = [bool(e and e.startswith(CUT_ERROR)) or scoring.looping(s) for e, s in zip(errors, summaries, strict=True)]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from qwenspark.errors import ConfigError
-from qwenspark.parse import ANSWER_FIELDS, AnswerFormat, AnswerOrder, SummaryBound
+from qwenspark.parse import ANSWER_FIELDS, AnswerFormat, AnswerOrder, SummaryBound, parse_completion
 from qwenspark.schemas import ASPECTS, SUMMARY_MAX_CHARS
 
 Message = dict[str, str]
@@ -78,14 +79,22 @@ class PromptTemplate:
     # engine.answer_format: what the engine writes, one JSON object or the same fields as three lines (parse).
     answer_format: AnswerFormat = "json"
 
-    def messages(self, text: str, lang: str) -> list[Message]:
-        """Chat messages for one review: system, few-shot turns, then the review."""
+    def messages(self, text: str, lang: str, leave_out: Collection[int] = ()) -> list[Message]:
+        """Chat messages for one review: system, few-shot turns (but those at the indexes left out), then the
+        review."""
         msgs: list[Message] = [{"role": "system", "content": self.system}]
-        for review, answer in self.examples:
+        for k, (review, answer) in enumerate(self.examples):
+            if k in leave_out:
+                continue
             msgs.append({"role": "user", "content": self._user(review, detect_lang(review, None))})
             msgs.append({"role": "assistant", "content": answer})
         msgs.append({"role": "user", "content": self._user(text, lang)})
         return msgs
+
+    def example_summaries(self) -> tuple[str, ...]:
+        """The summary of each few-shot answer, in the examples' order ("" where none reads): what an answer's
+        summary must not repeat (scoring.borrowed_from)."""
+        return _summaries(self.examples, self.aspect_map, self.answer_format)
 
     def _user(self, text: str, lang: str) -> str:
         # Every version, every engine: the review is neutralised here, before any chat template renders it
@@ -94,6 +103,14 @@ class PromptTemplate:
         user = f"{prefix}\n<review>\n{neutralise(text)}\n</review>"
         suffix = self.user_suffix.get(lang, self.user_suffix.get("en"))
         return f"{user}\n{suffix}" if suffix else user
+
+
+@functools.cache
+def _summaries(examples: tuple[tuple[str, str], ...], aspect_map: bool, answer_format: AnswerFormat) -> tuple[str, ...]:
+    """PromptTemplate.example_summaries, parsed once per version (the service asks for them with every request)."""
+    parsed = (parse_completion(answer, "stop", aspect_map=aspect_map, answer_format=answer_format)
+              for _, answer in examples)
+    return tuple(p.record.summary if p.record is not None else "" for p in parsed)
 
 
 _V1_SYSTEM = f"""You analyse hotel reviews for a hotel group. Answer with one JSON object only:

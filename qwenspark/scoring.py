@@ -140,17 +140,27 @@ _NOT_WORD = re.compile(r"[\W_]+")  # ignored where the review is searched: "over
 
 
 def borrowed(summary: str | None, text: str | None, examples: Sequence[str]) -> bool | None:
-    """Whether a summary repeats a stretch of a few-shot example's summary (at least BORROWED_MIN_CHARS characters,
-    BORROWED_MIN_HAN where it holds Han; case and the punctuation at its ends ignored) that its review does not
-    contain, punctuation and spacing aside; None when there is no summary."""
+    """Whether a summary repeats a stretch of a few-shot example's summary that its review lacks (borrowed_from);
+    None when there is no summary."""
+    if not summary:
+        return None
+    return borrowed_from(summary, text, examples) is not None
+
+
+def borrowed_from(summary: str | None, text: str | None, examples: Sequence[str]) -> int | None:
+    """The index of the first few-shot example's summary of which the summary repeats a stretch (at least
+    BORROWED_MIN_CHARS characters, BORROWED_MIN_HAN where it holds Han; case and the punctuation at its ends ignored)
+    that its review does not contain, punctuation and spacing aside; None when it borrows from none (or is empty)."""
     if not summary:
         return None
     said, review = summary.lower(), _NOT_WORD.sub("", (text or "").lower())
-    for example in examples:
+    for k, example in enumerate(examples):
         shown = example.lower()
+        if not any(said[p:p + BORROWED_MIN_HAN] in shown for p in range(len(said) - BORROWED_MIN_HAN + 1)):
+            continue  # no stretch as long as the shortest loan in common: SequenceMatcher's 0.1 ms spared (service)
         match = SequenceMatcher(None, shown, said, autojunk=False).find_longest_match(0, len(shown), 0, len(said))
         stretch = said[match.b:match.b + match.size].strip(_EDGE)
         bound = BORROWED_MIN_HAN if _HAN.search(stretch) else BORROWED_MIN_CHARS
         if len(stretch) >= bound and _NOT_WORD.sub("", stretch) not in review:
-            return True
-    return False
+            return k
+    return None

@@ -11,8 +11,10 @@ Message = dict[str, str]
 # the grammar (engine.optimistic) that does not fit it, generated with the grammar; "penalty", an answer cut by
 # max_tokens or with a looping summary, generated with the grammar and engine.repair_penalty; "fault", an answer the
 # engine itself ended in an error (parse.ENGINE_FAULT), generated again with the grammar's settings and its prompt
-# computed afresh (vLLM: a cache salt of its own, none of the cached KV blocks of the attempt that faulted reused).
-Retry = Literal["grammar", "penalty", "fault"]
+# computed afresh (vLLM: a cache salt of its own, none of the cached KV blocks of the attempt that faulted reused);
+# "borrowed", an answer whose summary repeats a few-shot example's (scoring.borrowed_from, engine.borrowed_retry),
+# generated with the grammar's settings from a prompt without that example.
+Retry = Literal["grammar", "penalty", "fault", "borrowed"]
 
 
 def fresh_prompt(retry: Retry | None) -> bool:

@@ -146,7 +146,8 @@ def sampling_params(cfg: EngineConfig, *, final_only: bool = False) -> dict[tupl
                 # need the tokens' text.
                 detokenize=cfg.label_logprobs,
             )
-        params[lang, "fault"] = params[lang, "grammar"]  # an answer the engine ended in an error: a guided attempt
+        # an answer the engine ended in an error, or one that borrowed an example's summary: a guided attempt
+        params[lang, "fault"] = params[lang, "borrowed"] = params[lang, "grammar"]
     return params
 
 

@@ -178,7 +178,8 @@ class Metrics:
                                        buckets=_BUCKETS, registry=r)
         self.retries = Counter("qwenspark_serve_retries", "Answers generated again, by kind (grammar: an optimistic "
                                "answer that misfit; penalty: cut or looping; fault: ended by the engine in an error, "
-                               "counted per attempt)", ["kind"], registry=r)
+                               "counted per attempt; borrowed: a summary repeating a few-shot example's)", ["kind"],
+                               registry=r)
         self.dead_ends = Counter("qwenspark_serve_dead_ends", "Answers written without the grammar that were cut at "
                                  "their first dead end and generated again with it (engine.cut_dead_ends)",
                                  registry=r)
@@ -321,7 +322,7 @@ class Service:
 
     async def _answer(self, batch: PreparedBatch, j: int, started: float, label: Callable[[int, str], None] | None,
                       waiting: list[bool]) -> None:
-        conversation, lang = batch.conversations[j], batch.langs[batch.todo[j]]
+        lang = batch.langs[batch.todo[j]]
         # An optimistic engine's first attempt is unguided; a request the share of fitting answers sends guided from
         # its first token asks for the grammar's settings, as a retry without a pin (batch.fill records the outcome
         # of an optimistic first attempt in the share).
@@ -333,7 +334,8 @@ class Service:
         while True:
             done = None
             try:
-                async for part in self.engine.stream(conversation, lang, retry, pin):
+                # read each attempt: a "borrowed" retry's prompt is rebuilt without the example (batch.fill)
+                async for part in self.engine.stream(batch.conversations[j], lang, retry, pin):
                     if waiting[0]:
                         waiting[0] = False
                         self.metrics.queue_depth.dec()

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from qwenspark import scoring
-from qwenspark.evaluate import example_summaries, load_labelled, score
+from qwenspark.evaluate import load_labelled, score
 from qwenspark.parse import CUT_ERROR
 from qwenspark.prompts import TEMPLATES
 
@@ -144,9 +144,19 @@ def test_the_report_counts_summaries_borrowed_from_the_prompts_examples() -> Non
                                    "summary": "Dirty room and rude staff; only the location is good."}]
 
 
+def test_borrowed_from_names_the_example_whose_summary_was_repeated() -> None:
+    assert scoring.borrowed_from("房间小，隔音差，前台服务好，总体满意。", "房间太小了，前台不错。", EXAMPLES) == 1
+    assert scoring.borrowed_from("Dirty; only the location is good.", "Dirty.", EXAMPLES) == 0
+    assert scoring.borrowed_from("Dirty room.", "Dirty room.", EXAMPLES) is None
+    # "" (an example without a summary) matches nothing, and the index is the example's
+    assert scoring.borrowed_from("房间小，隔音差，前台服务好，总体满意。", "x", ["", EXAMPLES[1]]) == 1
+
+
 def test_the_examples_of_every_version_have_summaries_to_compare_with() -> None:
-    for version in TEMPLATES:
-        assert len(example_summaries(version)) >= 2, version
+    for version, template in TEMPLATES.items():
+        shown = template.example_summaries()
+        assert len(shown) == len(template.examples), version  # one per example, in order: the retry leaves one out
+        assert sum(bool(s) for s in shown) >= 2, version
 
 
 def _report_of_hand_made_rows() -> dict[str, object]:
