@@ -376,8 +376,8 @@ class EngineConfig(_Section):
     borrowed_retry: bool = Field(
         True, description="An answer whose summary repeats a stretch of a few-shot example's summary that its review "
         "lacks (a claim the guest never made; `qwenspark eval`'s 'summary borrowed') is generated once more from a "
-        "prompt without that example, with the grammar's settings, and that answer is stored (false: stored as it "
-        "came).",
+        "prompt without that example, with the grammar's settings; the row stores that answer's summary and aspects "
+        "and keeps the first answer's label (false: stored as it came).",
     )
     label_logprobs: bool = Field(
         False,

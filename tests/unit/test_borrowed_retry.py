@@ -58,7 +58,7 @@ class Borrowing(Repairable):
 def _check(out: pd.DataFrame, engine: Borrowing) -> None:
     assert out["review_id"].tolist() == [0, 1, 2, 3], "one row a review, in order"
     assert out["error"].isna().all()
-    # the loan generated again without the English example (the Chinese one kept), and that answer stored
+    # the loan generated again without the English example (the Chinese one kept)
     assert [c for c in engine.calls if c[1]] == [(TEXTS[0], "borrowed")]
     assert engine.shown == [(False, True)]
     # the summary and aspects the second answer's; the label the first's (the service has sent it already)
@@ -102,7 +102,12 @@ def test_off_the_borrowed_summary_is_stored_as_it_came() -> None:
 
 
 class Lines(Borrowing):
-    """The same in the service, with v14's lines streamed: the label first, then the rest."""
+    """The same in the service, with v14's lines streamed: the label first, then the rest. Records each attempt's
+    (retry, pin)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts: list[tuple[Retry | None, str | None]] = []
 
     async def stream(self, conversation: Sequence[Message], lang: str | None, retry: Retry | None = None,
                      pin: str | None = None) -> AsyncIterator[Partial]:
@@ -127,7 +132,6 @@ def test_the_service_generates_it_again_pinned_to_the_label_it_sent(on: bool) ->
                                       "borrowed_retry": on},
                            "prompt": {"version": "v14"}, "serve": {"optimistic": False}})
     engine = Lines()
-    engine.attempts = []
     label, result, metrics = _streamed_once(service=Service(cfg, engine))
     assert label["sentiment"] == "negative"
     if not on:
