@@ -64,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="leave out the rows that --limit N --seed SEED picks (held-out reports; repeatable)")
     ev.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     ev.add_argument("--out", type=Path, help="also write the figures' JSON to this file (for --compare)")
+    ev.add_argument("--rows-out", type=Path, metavar="CSV",
+                    help="also write each row's answer and flags (correct, copied, borrowed, at bound) to this CSV")
     ev.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"),
                     help="print two runs' figures (files from --out or --json) side by side; runs nothing")
     dash = sub.add_parser(
@@ -218,7 +220,7 @@ def _eval(cfg: QwenSparkConfig, args: argparse.Namespace) -> int:
     from qwenspark.report import print_eval
 
     labelled = load_labelled(args.input, args.limit, args.seed, exclude=args.exclude_sample)
-    cfg, report = _with_spark(cfg, lambda spark, c: run_eval(spark, c, labelled))
+    cfg, report = _with_spark(cfg, lambda spark, c: run_eval(spark, c, labelled, args.rows_out))
     print_eval(report)
     figures = report.as_dict()
     if args.json:

@@ -37,6 +37,10 @@ class EvalReport:
     confusion_by_lang: dict[str, dict[str, dict[str, int]]]  # lang -> gold -> raw answer (4 labels, error) -> rows
     summary_in_language_rate: float  # of the rows with a summary in zh or en
     summary_copied_rate: float  # of the rows with a summary: mostly one verbatim stretch of the review (scoring.copied)
+    # Of the rows with a summary: stopped at the prompt version's bound and stored ended at a clause with "…"
+    # (parse.ended_summary): what the dashboard shows as an unfinished line.
+    summary_at_bound_rate: float
+    summary_at_bound_by_lang: dict[str, float]
     # Of the rows with a summary: a stretch of a few-shot example's summary that the review lacks (scoring.borrowed)
     summary_borrowed_rate: float
     summary_borrowed: list[dict[str, object]]  # those rows: source_id, lang, summary
@@ -102,8 +106,10 @@ def _warm_up(spark: SparkSession, cfg: QwenSparkConfig) -> float:
     return time.perf_counter() - t0
 
 
-def run_eval(spark: SparkSession, cfg: QwenSparkConfig, labelled: pd.DataFrame) -> EvalReport:
-    """Analyse the labelled rows through Spark and score the predictions."""
+def run_eval(spark: SparkSession, cfg: QwenSparkConfig, labelled: pd.DataFrame,
+             rows_out: Path | None = None) -> EvalReport:
+    """Analyse the labelled rows through Spark and score the predictions; with rows_out, also write each row's answer
+    and flags there as CSV (answer_rows)."""
     load_s = _warm_up(spark, cfg)
     rows = [(i, "eval", None, r.lang or None, None, r.text) for i, r in enumerate(labelled.itertuples(index=False))]
     df = clean(spark.createDataFrame(rows, INPUT_SCHEMA), cfg)
@@ -111,7 +117,7 @@ def run_eval(spark: SparkSession, cfg: QwenSparkConfig, labelled: pd.DataFrame) 
     t0 = time.perf_counter()
     try:
         out = analyse(df, cfg, metrics).select(
-            "review_id", "sentiment", "summary", "error", "tokens_out", "latency_ms").toPandas()
+            "review_id", "sentiment", "summary", "aspects", "error", "tokens_out", "latency_ms").toPandas()
         repaired = int(metrics.repaired.value)
     finally:
         metrics.release()
@@ -119,12 +125,47 @@ def run_eval(spark: SparkSession, cfg: QwenSparkConfig, labelled: pd.DataFrame) 
     out = out.sort_values("review_id").reset_index(drop=True)
     if len(out) != len(labelled):
         raise AssertionError(f"eval: {len(labelled)} rows in, {len(out)} out")
+    if rows_out is not None:
+        answer_rows(labelled, out, cfg.prompt.version).to_csv(rows_out, index=False, encoding="utf-8")
     return score(labelled, out, seconds=seconds, engine_load_seconds=load_s, model=cfg.engine.model,
                  prompt_version=cfg.prompt.version, repaired=repaired)
 
 
 def _none(x: object) -> str | None:
     return x if isinstance(x, str) else None
+
+
+def _rate(flags: Sequence[bool | None]) -> float:
+    """The share of True among the flags that are not None (0.0 when none is)."""
+    known = [f for f in flags if f is not None]
+    return sum(known) / len(known) if known else 0.0
+
+
+def at_bound(summary: str | None) -> bool | None:
+    """Whether a stored summary was stopped at its bound (parse.ended_summary ends it with "…"); None without one."""
+    return summary.endswith("…") if summary else None
+
+
+def answer_rows(labelled: pd.DataFrame, out: pd.DataFrame, prompt_version: str) -> pd.DataFrame:
+    """One row per labelled review (in its order): id, language, gold label, the review, the stored answer (label as
+    generated, summary, aspects, error, tokens) and the flags the report counts (correct under the language's scheme,
+    summary copied, borrowed, at its bound); what `eval --rows-out` writes, to read the rows behind the figures."""
+    langs, summaries = labelled["lang"].tolist(), [_none(x) for x in out["summary"]]
+    texts, answers = labelled["text"].tolist(), [_none(a) for a in out["sentiment"]]
+    classes = {lang: scoring.scheme(labelled.loc[labelled["lang"] == lang, "label"].tolist()) for lang in set(langs)}
+    shown = get_template(prompt_version).example_summaries()
+    return pd.DataFrame({
+        "source_id": labelled["source_id"].tolist(), "lang": langs, "label": labelled["label"].tolist(),
+        "sentiment": answers,
+        "correct": [scoring.scored(a, classes[lang]) == g
+                    for a, lang, g in zip(answers, langs, labelled["label"], strict=True)],
+        "summary": summaries, "aspects": [_none(x) for x in out["aspects"]],
+        "error": [_none(x) for x in out["error"]], "tokens_out": out["tokens_out"].tolist(),
+        "copied": [scoring.copied(s, t) for s, t in zip(summaries, texts, strict=True)],
+        "borrowed": [scoring.borrowed(s, t, shown) for s, t in zip(summaries, texts, strict=True)],
+        "at_bound": [at_bound(s) for s in summaries],
+        "text": texts,
+    })
 
 
 def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_load_seconds: float, model: str,
@@ -146,6 +187,7 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
     shown = get_template(prompt_version).example_summaries()
     borrows = [scoring.borrowed(s, t, shown) for s, t in zip(summaries, labelled["text"], strict=True)]
     with_summary = [b for b in borrows if b is not None]
+    bounded = [at_bound(s) for s in summaries]
     cut = [bool(e and e.startswith(CUT_ERROR)) or scoring.looping(s) for e, s in zip(errors, summaries, strict=True)]
     n = len(labelled)
     tokens_out = [int(t) for t in out["tokens_out"].tolist()]
@@ -164,6 +206,8 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
         confusion_by_lang={lang: scoring.confusion(g, a) for lang, (g, a) in per_lang.items()},
         summary_in_language_rate=sum(in_lang) / len(in_lang) if in_lang else 0.0,
         summary_copied_rate=sum(copies) / len(copies) if copies else 0.0,
+        summary_at_bound_rate=_rate(bounded),
+        summary_at_bound_by_lang={lang: _rate([bounded[i] for i in idx]) for lang, idx in by_lang.items()},
         summary_borrowed_rate=sum(with_summary) / len(with_summary) if with_summary else 0.0,
         summary_borrowed=[{"source_id": str(labelled["source_id"].iat[i]), "lang": langs[i], "summary": summaries[i]}
                           for i in range(n) if borrows[i]],

@@ -70,6 +70,7 @@ def print_eval(r: EvalReport) -> None:
             print(f"    {gold:14}" + "".join(f"{row[a]:>10}" for a in answers))
     table = r.tokens_out_percentiles  # 101 points (21 in reports before stop 50)
     spread = "/".join(str(table[round(q * (len(table) - 1) / 100)]) for q in (10, 50, 90))
+    bound_by_lang = ", ".join(f"{lang} {v:.3f}" for lang, v in r.summary_at_bound_by_lang.items())
     print(f"""
   accuracy            {r.accuracy:.3f}   (mixed scores as neutral against star labels: qwenspark.scoring)
   macro-F1            {r.macro_f1:.3f}
@@ -77,6 +78,7 @@ def print_eval(r: EvalReport) -> None:
   error rate          {r.error_rate:.3f}
   summary in language {r.summary_in_language_rate:.3f}
   summary copied      {r.summary_copied_rate:.3f} (mostly one verbatim stretch of the review)
+  summary at bound    {r.summary_at_bound_rate:.3f} (stopped at the version's bound, ended with "…"; {bound_by_lang})
   summary borrowed    {r.summary_borrowed_rate:.3f} (a stretch of a few-shot example's summary the review lacks)
   cut or looping      {r.cut_or_looping_rate:.4f}
   generated again     {r.repaired_rate:.4f} (cut or looping, misfitting the grammar, or ended by the engine in an error)
@@ -92,7 +94,8 @@ def print_eval(r: EvalReport) -> None:
 _COMPARED: list[tuple[str, tuple[str, ...]]] = [
     ("rows", ("rows",)), ("accuracy", ("accuracy",)), ("macro-F1", ("macro_f1",)),
     ("schema-valid", ("schema_valid_rate",)), ("summary in language", ("summary_in_language_rate",)),
-    ("summary copied", ("summary_copied_rate",)), ("summary borrowed", ("summary_borrowed_rate",)),
+    ("summary copied", ("summary_copied_rate",)), ("summary at bound", ("summary_at_bound_rate",)),
+    ("summary borrowed", ("summary_borrowed_rate",)),
     ("cut or looping", ("cut_or_looping_rate",)), ("generated again", ("repaired_rate",)),
     ("tokens out / review", ("mean_tokens_out",)),
     ("rows/s", ("rows_per_s",))]

@@ -23,18 +23,25 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 FLOOR = 19 / 24
 
 
-def test_default_model_labels_real_reviews(spark: SparkSession, dev_reviews: pd.DataFrame) -> None:
+def test_default_model_labels_real_reviews(spark: SparkSession, dev_reviews: pd.DataFrame, tmp_path: Path) -> None:
     cfg = prepare_model(load_config(ROOT / "conf" / "local.yaml", ["engine.batch_size=24"]))
     assert Path(cfg.engine.model).is_dir()
     held_out = load_labelled(DEV_CSV, limit=600, seed=11, exclude=[(120, 3)])
     labelled = held_out.groupby("lang", sort=True).head(12).reset_index(drop=True)
     assert labelled["lang"].value_counts().to_dict() == {"zh": 12, "en": 12}
-    report = run_eval(spark, cfg, labelled)
+    report = run_eval(spark, cfg, labelled, rows_out=tmp_path / "rows.csv")
     print(report)
     assert report.rows == 24
     assert report.schema_valid_rate == 1.0, report
     assert report.summary_in_language_rate == 1.0, report
     assert report.accuracy >= FLOOR, report
+    # --rows-out: each review once, in order, beside its own answer; the flags add up to the report's figures
+    rows = pd.read_csv(tmp_path / "rows.csv", dtype={"source_id": str}, keep_default_na=False)
+    assert rows["source_id"].tolist() == labelled["source_id"].tolist()
+    assert rows["text"].tolist() == labelled["text"].tolist()
+    assert rows["correct"].mean() == pytest.approx(report.accuracy)
+    assert rows["at_bound"].mean() == pytest.approx(report.summary_at_bound_rate)
+    assert all(rows["summary"].str.len() > 0) and all(rows["aspects"].str.startswith("["))
 
 
 def test_v13_answers_in_lines_end_valid_for_every_real_review(spark: SparkSession) -> None:

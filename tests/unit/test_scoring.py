@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from qwenspark import scoring
-from qwenspark.evaluate import load_labelled, score
+from qwenspark.evaluate import answer_rows, load_labelled, score
 from qwenspark.parse import CUT_ERROR
 from qwenspark.prompts import TEMPLATES
 
@@ -142,6 +142,29 @@ def test_the_report_counts_summaries_borrowed_from_the_prompts_examples() -> Non
     assert r.summary_borrowed_rate == 1 / 2
     assert r.summary_borrowed == [{"source_id": "a", "lang": "en",
                                    "summary": "Dirty room and rude staff; only the location is good."}]
+
+
+def test_each_rows_answer_and_flags_for_eval_rows_out() -> None:
+    labelled = pd.DataFrame({"source_id": ["a", "b", "c", "d"], "lang": ["en", "en", "zh", "zh"],
+                             "text": [REVIEW, "Dirty room, rude staff.", "很好", "很差"],
+                             "label": ["positive", "neutral", "positive", "negative"]})
+    copy = "The room was clean and the staff were friendly"
+    out = pd.DataFrame({"sentiment": ["positive", "mixed", "neutral", None],
+                        "summary": [copy, "Dirty room and rude staff; only the location is good.", "房间很好，…", None],
+                        "aspects": ['[{"aspect":"room","sentiment":"positive"}]', "[]", "[]", None],
+                        "error": [None, None, None, "parse: x"], "tokens_out": [10, 11, 12, 13],
+                        "latency_ms": [5, 5, 5, 5]})
+    rows = answer_rows(labelled, out, "v10")
+    assert rows["source_id"].tolist() == ["a", "b", "c", "d"]
+    # mixed scores as neutral against star labels; neutral is wrong against binary ones; an error is wrong
+    assert rows["correct"].tolist() == [True, True, False, False]
+    assert rows["copied"].tolist() == [True, False, False, None]
+    assert rows["borrowed"].tolist() == [False, True, False, None]
+    assert rows["at_bound"].tolist() == [False, False, True, None]
+    assert rows["error"].tolist() == [None, None, None, "parse: x"] and rows["tokens_out"].tolist() == [10, 11, 12, 13]
+    report = score(labelled, out, seconds=1.0, engine_load_seconds=1.0, model="m", prompt_version="v10")
+    assert report.summary_at_bound_rate == 1 / 3 and report.summary_copied_rate == 1 / 3
+    assert report.summary_at_bound_by_lang == {"en": 0.0, "zh": 1.0}
 
 
 def test_borrowed_from_names_the_example_whose_summary_was_repeated() -> None:
