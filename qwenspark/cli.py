@@ -159,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             return _compare(args.compare)
         if args.command == "eval" and args.input is None:
             raise ConfigError("eval: --input CSV is required (or --compare A.json B.json)")
+        if args.command == "eval":
+            for flag, path in (("--out", args.out), ("--rows-out", args.rows_out)):
+                if path is not None and not path.resolve().parent.is_dir():  # found now, not after the whole run
+                    raise ConfigError(f"eval: {flag} {path}: folder {path.resolve().parent} does not exist")
         cfg = load_config(resolve_config_path(args.config), args.overrides)
         return int(_COMMANDS[args.command](cfg, args))
     except Exception as exc:  # every failure ends as one line and an exit code; the traceback at debug level

@@ -101,6 +101,16 @@ def test_runtime_failure_exits_1(tmp_path: Path, password_file: Path) -> None:
     assert f"eval: cannot read {missing}" in error_line(out, EXIT_RUNTIME)
 
 
+@pytest.mark.parametrize("flag", ["--out", "--rows-out"])
+def test_eval_output_in_a_missing_folder_fails_before_the_run(tmp_path: Path, flag: str) -> None:
+    # Written after the whole run (minutes of model time): a typo in the folder is found first.
+    csv = tmp_path / "labelled.csv"
+    csv.write_text("source_id,lang,text,rating,label\na,en,Nice.,5,positive\n")
+    out = run_cli("eval", "--config", str(LOCAL), "--input", str(csv), flag, str(tmp_path / "no" / "r.json"))
+    assert f"eval: {flag} {tmp_path / 'no' / 'r.json'}: folder {tmp_path / 'no'} does not exist" in error_line(
+        out, EXIT_CONFIG)
+
+
 def test_debug_shows_the_traceback(password_file: Path) -> None:
     out = run_cli("--debug", "batch", "--config", str(LOCAL), "--set=db.jdbc_jar=/nonexistent/x.jar",
                   f"--set=db.password_file={password_file}")
