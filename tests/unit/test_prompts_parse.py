@@ -15,7 +15,7 @@ from qwenspark.parse import (
     lines_grammar,
     parse_completion,
 )
-from qwenspark.prompts import detect_lang, get_template
+from qwenspark.prompts import TEMPLATES, detect_lang, get_template, typographic_quotes
 from qwenspark.schemas import ASPECTS, SENTIMENTS, SUMMARY_MAX_CHARS
 
 
@@ -26,6 +26,18 @@ def test_messages_end_with_the_review_in_its_language() -> None:
     assert "早餐很好吃" in msgs[-1]["content"] and "中文" in msgs[-1]["content"]
     en = get_template("v1").messages("great pool", "en")[-1]["content"]
     assert "great pool" in en and "English" in en
+
+
+def test_the_review_is_shown_with_typographic_quotes_in_every_version() -> None:
+    # A summary that quotes the guest copies the review's quote mark; an ASCII one would end the summary there.
+    text = '前台说"我们管不了客人"，经理说"系统规定"。 A "quiet" room, 5\' 11" tall'
+    shown = '前台说“我们管不了客人”，经理说“系统规定”。 A “quiet” room, 5\' 11“ tall'  # in turn, an odd one opens
+    assert typographic_quotes(text) == shown and typographic_quotes(shown) == shown
+    assert typographic_quotes("no quotes") == "no quotes"
+    for version in TEMPLATES:
+        user = get_template(version).messages(text, "zh")[-1]["content"]
+        review = user.split("\n<review>\n", 1)[1].split("\n</review>", 1)[0]
+        assert review == shown, version
 
 
 def test_few_shot_answers_are_valid_records() -> None:
@@ -168,12 +180,15 @@ def test_v7_and_v8_are_v5_and_v6_with_the_summary_in_the_review_script() -> None
     [
         ("zh", "房间干净，早餐200元一位。", True),
         ("zh", "无线网络很差", True),
+        ("zh", "前台说“我们管不了客人”。", True),  # the review's quotes as prompts.typographic_quotes shows them
+        ("zh", '前台说"我们', False),  # an ASCII one closes the string: the summary ended at 前台说 (demo review 103)
         ("zh", "WiFi很差", False),  # no Latin letter at all in a Chinese summary
         ("zh", "Nice room", False),
         ("zh", "房" * 100, True),
         ("zh", "房" * 101, False),  # the pattern carries the length bound (xgrammar drops maxLength beside it)
         ("zh", "", False),
         ("en", "Clean room, breakfast $20 (cold).", True),
+        ("en", "A “quiet room” next to the ice machine.", True),
         ("en", "Clean room, 早餐 cold", False),
         ("en", "Clean room。", False),  # CJK punctuation
         ("en", "房间很好", False),
