@@ -38,16 +38,21 @@ EARLY_TOKENS = 16
 #   graphs up to 256 tokens) ran those in piecewise graphs or none (the steps are larger), leaving the engine core's
 #   Python to launch each layer's kernels: 3.3 cores busy and saturated at 68 answers/s (answer P50 4.9 s), against
 #   1.5 cores and 94.5/s (P50 0.50 s) with full graphs. FlashAttention 3 (Hopper) runs mixed steps in a graph; on a
-#   GPU or backend that cannot, vLLM itself falls back to FULL_AND_PIECEWISE and logs why. With those mixed full
-#   graphs vLLM 0.26's V2 runner ends 0.1-2 % of answers in an error on some H100 hosts (none in the same sitting with
-#   FULL_AND_PIECEWISE or the V1 runner, whose whole answer P99 was 1.7-2.3 s against 0.6-0.7 s, stop 54; none in
-#   one run of Triton attention's full graphs, whose latency is not yet compared warm, stop 55): the service
-#   generates such answers again (analyze.FAULT_RETRIES) rather than giving up the graphs.
+#   GPU or backend that cannot, vLLM itself falls back to FULL_AND_PIECEWISE and logs why.
+# - Triton attention (attention_config.backend TRITON_ATTN) in those graphs, not FlashAttention 3. With FA3's mixed
+#   full graphs vLLM 0.26's V2 runner ends 0.1-2 % of answers in an error on some H100 hosts (FULL_AND_PIECEWISE or
+#   the V1 runner had none, at a whole answer P99 of 1.7-2.3 s against 0.6-0.7 s, stop 54), and it alters others
+#   that still fit the grammar: interleaved on one H100 (stop 57, the 0.5B's real weights, 200 requests/s, one
+#   engine), FA3's three runs wrote 49.0-50.2 tokens an answer and 22-87 summaries taken from a prompt's example
+#   (borrowed retries), Triton's three 47.8 and 9-12 each time, with no fault; warm whole answer P99 869 and 615 ms
+#   against FA3's 972 and 752 ms, label P99 98 and 62 against 73 and 101 ms (bench/results/
+#   serve_latency_h100_stop57.json). Faults that still come are generated again (analyze.FAULT_RETRIES).
 # - 256 sequences at once, not the engine class's 128: at 100/s about as many answers are in flight, and the 129th
 #   waited for a free seat (label P99 1.5-2.2 s with 128, 0.73 s with 256). `vllm serve`'s 1,024 sequences and 8,192
 #   tokens per step were worse (stop 29: label P99 2.6 s against 411 ms at 50/s): a large step delays every answer.
 SERVE_GPU_DEFAULTS: dict[str, Any] = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
 GRAPH_TOKENS_MAX = 2048  # graphs captured for steps of up to this many tokens: each size is a capture at start
+GRAPH_ATTENTION = "TRITON_ATTN"  # the attention backend of those graphs, unless engine_kwargs names one
 
 
 # The service's engine settings on a CPU where engine.engine_kwargs leaves them unset: prompt-lookup (n-gram)
@@ -79,6 +84,9 @@ def gpu_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     graphs.setdefault("cudagraph_mode", "FULL")
     graphs.setdefault("max_cudagraph_capture_size", min(int(out["max_num_batched_tokens"]), GRAPH_TOKENS_MAX))
     out["compilation_config"] = graphs
+    attention = dict(out.get("attention_config") or {})
+    if "backend" not in attention and "attention_backend" not in out:
+        out["attention_config"] = {**attention, "backend": GRAPH_ATTENTION}
     return out
 
 
@@ -217,8 +225,9 @@ class AsyncVllm:
             log.info("serve: grammar masks filled %s", f"by xgrammar's batch matcher on {threads} threads"
                      if threads else "by vLLM, one answer after another")
             kwargs = gpu_kwargs(kwargs)
-            log.info("serve: vLLM on the GPU with %s sequences at once, %s tokens a step, CUDA graphs %s",
-                     kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"], kwargs.get("compilation_config", "off"))
+            log.info("serve: vLLM on the GPU with %s sequences at once, %s tokens a step, CUDA graphs %s, attention %s",
+                     kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"], kwargs.get("compilation_config", "off"),
+                     kwargs.get("attention_config") or kwargs.get("attention_backend") or "vLLM's choice")
         else:
             kwargs = cpu_kwargs(kwargs, cfg.engine_kwargs)
             log.info("serve: vLLM on the CPU, speculative decoding %s", kwargs.get("speculative_config") or "off")

@@ -168,11 +168,15 @@ def test_the_gpu_defaults_sit_under_the_users_settings_and_vllm_reads_them() -> 
     assert (args.max_num_seqs, args.max_num_batched_tokens) == (256, 2048)
     assert args.compilation_config.cudagraph_mode == CUDAGraphMode.FULL
     assert args.compilation_config.max_cudagraph_capture_size == 2048
+    assert args.attention_config.backend.name == "TRITON_ATTN"  # FA3's mixed full graphs alter answers (stop 57)
     # What the user set wins, key by key; the graphs follow a smaller step budget; eager means no graphs asked for.
     mine = gpu_kwargs({"max_num_seqs": 64, "max_num_batched_tokens": 1024,
                        "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}})
     assert mine["max_num_seqs"] == 64
     assert mine["compilation_config"] == {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 1024}
+    assert mine["attention_config"] == {"backend": "TRITON_ATTN"}
+    assert gpu_kwargs({"attention_config": {"backend": "FLASH_ATTN"}})["attention_config"] == {"backend": "FLASH_ATTN"}
+    assert "attention_config" not in gpu_kwargs({"attention_backend": "FLASH_ATTN"})  # vLLM's other spelling
     assert "compilation_config" not in gpu_kwargs({"enforce_eager": True})
 
 
