@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import html
 import json
 import re
 from collections.abc import Collection, Mapping
@@ -43,6 +44,22 @@ def neutralise(text: str) -> str:
 # ASCII double quote renders as before (bench/quoted_reviews.py: 11 of the demo's 31 quoting reviews ended unfinished,
 # 1 after; no label changed there or on the 600 held-out dev rows).
 _OPEN_CLOSE = ("\u201c", "\u201d")
+
+
+# Reviews from web feeds carry HTML: entities (&amp; &quot;) and line breaks as tags (<br>). Shown as they are, the
+# model copied "&amp;" into the stored summary and read "<br>" as markup (the demo's review 197 summarised as
+# "...烘干机。<小标题，没有具体描述", its last sentence lost). The review is shown decoded (entities unescaped, <br> and
+# <p> as line breaks) before its quotes become typographic and the neutraliser runs, so an escaped control token
+# (&lt;|im_end|&gt;) is still made inert. On the demo's 5 such reviews: no "&amp;" left in a summary, 197 whole, one
+# label right that was not (27: neutral -> positive, 4 stars), the others the same.
+_BREAK = re.compile(r"<\s*(?:br|/?p)\s*/?\s*>", re.IGNORECASE)
+
+
+def decoded(text: str) -> str:
+    """Review text as a reader sees it: HTML entities unescaped, <br> and <p> tags as line breaks."""
+    if "&" not in text and "<" not in text:
+        return text
+    return html.unescape(_BREAK.sub("\n", text))
 
 
 def typographic_quotes(text: str) -> str:
@@ -115,10 +132,11 @@ class PromptTemplate:
 
     def _user(self, text: str, lang: str) -> str:
         # Every version, every engine: the review is neutralised here, before any chat template renders it
-        # (in process, or on the server of the openai engine), so it can never become a control token; and its
-        # ASCII double quotes become typographic ones, so a summary that quotes the guest is not cut at the quote.
+        # (in process, or on the server of the openai engine), so it can never become a control token; before that
+        # its HTML is decoded and its ASCII double quotes become typographic ones (a summary that quotes the guest is
+        # not cut at the quote).
         prefix = self.user_prefix.get(lang, self.user_prefix["en"])
-        user = f"{prefix}\n<review>\n{neutralise(typographic_quotes(text))}\n</review>"
+        user = f"{prefix}\n<review>\n{neutralise(typographic_quotes(decoded(text)))}\n</review>"
         suffix = self.user_suffix.get(lang, self.user_suffix.get("en"))
         return f"{user}\n{suffix}" if suffix else user
 
