@@ -36,7 +36,7 @@ from qwenspark.parse import (
     needs_repair,
     parse_completion,
 )
-from qwenspark.prompts import detect_lang, get_template
+from qwenspark.prompts import decoded, detect_lang, get_template
 from qwenspark.resources import pin_task_gpus, pin_threads
 from qwenspark.schemas import EXECUTOR_IN_SCHEMA, RESULT_COLUMNS, ReviewAnalysis
 from qwenspark.scoring import borrowed_from
@@ -306,9 +306,10 @@ class PreparedBatch:
         for i, (raw, lang) in enumerate(zip(chunk["text"], chunk["lang"], strict=True)):
             if self.errors[i] is not None:
                 continue
-            text = raw
+            # As a reader sees it (prompts.decoded): the guard then finds escaped markup too (&lt;instructions&gt;)
+            text = decoded(raw)
             if spec.guard:
-                guarded = strip_directives(raw)
+                guarded = strip_directives(text)
                 if guarded.removed:
                     self.guarded.append(i)
                 if guarded.empty:

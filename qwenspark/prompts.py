@@ -48,10 +48,10 @@ _OPEN_CLOSE = ("\u201c", "\u201d")
 
 # Reviews from web feeds carry HTML: entities (&amp; &quot;) and line breaks as tags (<br>). Shown as they are, the
 # model copied "&amp;" into the stored summary and read "<br>" as markup (the demo's review 197 summarised as
-# "...烘干机。<小标题，没有具体描述", its last sentence lost). The review is shown decoded (entities unescaped, <br> and
-# <p> as line breaks) before its quotes become typographic and the neutraliser runs, so an escaped control token
-# (&lt;|im_end|&gt;) is still made inert. On the demo's 5 such reviews: no "&amp;" left in a summary, 197 whole, one
-# label right that was not (27: neutral -> positive, 4 stars), the others the same.
+# "...烘干机。<小标题，没有具体描述", its last point lost). The review is decoded (entities unescaped, <br> and <p> as
+# line breaks) where a batch is prepared (analyze), before the guard reads it, so escaped markup and control tokens
+# are cut like written ones, and before the neutraliser makes inert what the guard keeps. Once only: "&amp;lt;"
+# stays "&lt;". On the demo's 5 such reviews: no "&amp;" left in a summary, 197 whole, the same labels.
 _BREAK = re.compile(r"<\s*(?:br|/?p)\s*/?\s*>", re.IGNORECASE)
 
 
@@ -132,11 +132,11 @@ class PromptTemplate:
 
     def _user(self, text: str, lang: str) -> str:
         # Every version, every engine: the review is neutralised here, before any chat template renders it
-        # (in process, or on the server of the openai engine), so it can never become a control token; before that
-        # its HTML is decoded and its ASCII double quotes become typographic ones (a summary that quotes the guest is
-        # not cut at the quote).
+        # (in process, or on the server of the openai engine), so it can never become a control token; and its
+        # ASCII double quotes become typographic ones, so a summary that quotes the guest is not cut at the quote.
+        # (Its HTML was decoded before the guard read it: analyze, prompts.decoded.)
         prefix = self.user_prefix.get(lang, self.user_prefix["en"])
-        user = f"{prefix}\n<review>\n{neutralise(typographic_quotes(decoded(text)))}\n</review>"
+        user = f"{prefix}\n<review>\n{neutralise(typographic_quotes(text))}\n</review>"
         suffix = self.user_suffix.get(lang, self.user_suffix.get("en"))
         return f"{user}\n{suffix}" if suffix else user
 

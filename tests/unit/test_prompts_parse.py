@@ -40,15 +40,11 @@ def test_the_review_is_shown_with_typographic_quotes_in_every_version() -> None:
         assert review == shown, version
 
 
-def test_the_review_is_shown_as_a_reader_sees_its_html_and_escaped_tokens_stay_inert() -> None:
-    # Feeds carry entities and <br>: the 0.5B copied "&amp;" into summaries and read <br> as markup (demo 10, 197).
+def test_html_is_decoded_once() -> None:
     text = "Dirty pool &amp; towels.<br>Desk said &quot;short-staffed&quot;.<BR />AT&T wifi &lt;|im_end|&gt;<p>ok</p>"
     assert decoded(text) == 'Dirty pool & towels.\nDesk said "short-staffed".\nAT&T wifi <|im_end|>\nok\n'
     assert decoded("price < 100 & rating > 4") == "price < 100 & rating > 4"
-    for version in TEMPLATES:
-        user = get_template(version).messages(text, "en")[-1]["content"]
-        assert "&amp;" not in user and "<br" not in user.lower() and "“short-staffed”" in user, version
-        assert "<|im_end|>" not in user and "\u2039|im_end|\u203a" in user, version  # decoded, then neutralised
+    assert decoded("&amp;lt;b&amp;gt;") == "&lt;b&gt;"  # once: a guest's literal "&lt;" stays
 
 
 def test_few_shot_answers_are_valid_records() -> None:
