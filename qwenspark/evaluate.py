@@ -146,6 +146,18 @@ def at_bound(summary: str | None) -> bool | None:
     return summary.endswith("…") if summary else None
 
 
+def summary_flags(summaries: Sequence[str | None], texts: Sequence[str],
+                  prompt_version: str) -> dict[str, list[bool | None]]:
+    """Per summary (None where there is none): mostly copied from its review (scoring.copied), borrowed from a few-shot
+    example (scoring.borrowed), stopped at its bound (at_bound); what the report counts and --rows-out lists."""
+    shown = get_template(prompt_version).example_summaries()
+    return {
+        "copied": [scoring.copied(s, t) for s, t in zip(summaries, texts, strict=True)],
+        "borrowed": [scoring.borrowed(s, t, shown) for s, t in zip(summaries, texts, strict=True)],
+        "at_bound": [at_bound(s) for s in summaries],
+    }
+
+
 def answer_rows(labelled: pd.DataFrame, out: pd.DataFrame, prompt_version: str) -> pd.DataFrame:
     """One row per labelled review (in its order): id, language, gold label, the review, the stored answer (label as
     generated, summary, aspects, error, tokens) and the flags the report counts (correct under the language's scheme,
@@ -153,7 +165,6 @@ def answer_rows(labelled: pd.DataFrame, out: pd.DataFrame, prompt_version: str) 
     langs, summaries = labelled["lang"].tolist(), [_none(x) for x in out["summary"]]
     texts, answers = labelled["text"].tolist(), [_none(a) for a in out["sentiment"]]
     classes = {lang: scoring.scheme(labelled.loc[labelled["lang"] == lang, "label"].tolist()) for lang in set(langs)}
-    shown = get_template(prompt_version).example_summaries()
     return pd.DataFrame({
         "source_id": labelled["source_id"].tolist(), "lang": langs, "label": labelled["label"].tolist(),
         "sentiment": answers,
@@ -161,9 +172,7 @@ def answer_rows(labelled: pd.DataFrame, out: pd.DataFrame, prompt_version: str) 
                     for a, lang, g in zip(answers, langs, labelled["label"], strict=True)],
         "summary": summaries, "aspects": [_none(x) for x in out["aspects"]],
         "error": [_none(x) for x in out["error"]], "tokens_out": out["tokens_out"].tolist(),
-        "copied": [scoring.copied(s, t) for s, t in zip(summaries, texts, strict=True)],
-        "borrowed": [scoring.borrowed(s, t, shown) for s, t in zip(summaries, texts, strict=True)],
-        "at_bound": [at_bound(s) for s in summaries],
+        **summary_flags(summaries, texts, prompt_version),
         "text": texts,
     })
 
@@ -180,14 +189,9 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
     classes = {lang: scoring.scheme(g) for lang, (g, _) in per_lang.items()}
     scored = [scoring.scored(a, classes[lang]) for a, lang in zip(answers, langs, strict=True)]
     per_class = {lang: scoring.per_class(g, a) for lang, (g, a) in per_lang.items()}
-    in_lang = [v for v in (scoring.in_language(s, lang) for s, lang in zip(summaries, langs, strict=True))
-               if v is not None]
-    copies = [v for v in (scoring.copied(s, t) for s, t in zip(summaries, labelled["text"], strict=True))
-              if v is not None]
-    shown = get_template(prompt_version).example_summaries()
-    borrows = [scoring.borrowed(s, t, shown) for s, t in zip(summaries, labelled["text"], strict=True)]
-    with_summary = [b for b in borrows if b is not None]
-    bounded = [at_bound(s) for s in summaries]
+    in_lang = [scoring.in_language(s, lang) for s, lang in zip(summaries, langs, strict=True)]
+    flags = summary_flags(summaries, labelled["text"].tolist(), prompt_version)
+    borrows, bounded = flags["borrowed"], flags["at_bound"]
     cut = [bool(e and e.startswith(CUT_ERROR)) or scoring.looping(s) for e, s in zip(errors, summaries, strict=True)]
     n = len(labelled)
     tokens_out = [int(t) for t in out["tokens_out"].tolist()]
@@ -204,11 +208,11 @@ def score(labelled: pd.DataFrame, out: pd.DataFrame, *, seconds: float, engine_l
         macro_f1_by_lang={lang: scoring.macro_f1(c) for lang, c in per_class.items()},
         per_class_by_lang={lang: {k: asdict(v) for k, v in c.items()} for lang, c in per_class.items()},
         confusion_by_lang={lang: scoring.confusion(g, a) for lang, (g, a) in per_lang.items()},
-        summary_in_language_rate=sum(in_lang) / len(in_lang) if in_lang else 0.0,
-        summary_copied_rate=sum(copies) / len(copies) if copies else 0.0,
+        summary_in_language_rate=_rate(in_lang),
+        summary_copied_rate=_rate(flags["copied"]),
         summary_at_bound_rate=_rate(bounded),
         summary_at_bound_by_lang={lang: _rate([bounded[i] for i in idx]) for lang, idx in by_lang.items()},
-        summary_borrowed_rate=sum(with_summary) / len(with_summary) if with_summary else 0.0,
+        summary_borrowed_rate=_rate(borrows),
         summary_borrowed=[{"source_id": str(labelled["source_id"].iat[i]), "lang": langs[i], "summary": summaries[i]}
                           for i in range(n) if borrows[i]],
         cut_or_looping_rate=sum(cut) / n,

@@ -37,15 +37,6 @@ def neutralise(text: str) -> str:
     return _TAG.sub(lambda m: _LT + m.group(1) + (_GT if m.group(2) else ""), text)
 
 
-# A summary copies a guest's quotation with the review's ASCII double quote, and there the quote ends the summary: it
-# closes the JSON string (v1-v12) or the quoted line (v13, v14): the demo's review 103, ending 前台说"我们管不了客人",
-# was summarised as ...前台说 and nothing more. The review is shown with typographic quotes instead (opening and
-# closing in turn: the marks Chinese text uses, and English print), which a summary may hold; a review without an
-# ASCII double quote renders as before (bench/quoted_reviews.py: 11 of the demo's 31 quoting reviews ended unfinished,
-# 1 after; no label changed there or on the 600 held-out dev rows).
-_OPEN_CLOSE = ("\u201c", "\u201d")
-
-
 # Reviews from web feeds carry HTML: entities (&amp; &quot;) and line breaks as tags (<br>). Shown as they are, the
 # model copied "&amp;" into the stored summary and read "<br>" as markup (the demo's review 197 summarised as
 # "...烘干机。<小标题，没有具体描述", its last point lost). The review is decoded (entities unescaped, <br> and <p> as
@@ -60,6 +51,15 @@ def decoded(text: str) -> str:
     if "&" not in text and "<" not in text:
         return text
     return html.unescape(_BREAK.sub("\n", text))
+
+
+# A summary copies a guest's quotation with the review's ASCII double quote, and there the quote ends the summary: it
+# closes the JSON string (v1-v12) or the quoted line (v13, v14): the demo's review 103, ending 前台说"我们管不了客人",
+# was summarised as ...前台说 and nothing more. The review is shown with typographic quotes instead (opening and
+# closing in turn: the marks Chinese text uses, and English print), which a summary may hold; a review without an
+# ASCII double quote renders as before (bench/quoted_reviews.py: 11 of the demo's 31 quoting reviews ended unfinished,
+# 1 after; no label changed there or on the 600 held-out dev rows).
+_OPEN_CLOSE = ("\u201c", "\u201d")
 
 
 def typographic_quotes(text: str) -> str:

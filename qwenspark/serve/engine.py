@@ -84,7 +84,7 @@ def gpu_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     graphs.setdefault("cudagraph_mode", "FULL")
     graphs.setdefault("max_cudagraph_capture_size", min(int(out["max_num_batched_tokens"]), GRAPH_TOKENS_MAX))
     out["compilation_config"] = graphs
-    attention = dict(out.get("attention_config") or {})
+    attention = out.get("attention_config") or {}
     if "backend" not in attention and "attention_backend" not in out:
         out["attention_config"] = {**attention, "backend": GRAPH_ATTENTION}
     return out
